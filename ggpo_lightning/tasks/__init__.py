@@ -1,0 +1,1 @@
+"""Synthetic math tasks: procedurally generated problems with gold answers."""

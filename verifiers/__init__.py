@@ -1,0 +1,1 @@
+"""ggpo_verifiers (in progress)."""
