@@ -80,3 +80,15 @@ def tabular(objectives: list[str], mode: str, actions: int, groups: int, k: int,
     if plot:
         lab.plot_runs(runs, plot, f"tabular lab: {actions} actions, beta={beta}, {mode}")
         click.echo(f"plot saved to {plot}")
+
+
+def train_main(args: list[str] | None = None) -> None:
+    """``ggpo-train --config recipes/NAME.yaml [--model.beta 0.05 ...]``: one training run.
+
+    A LightningCLI over :class:`~ggpo_lightning.module.GGPOModule` and
+    :class:`~ggpo_lightning.data.PromptGroupDataModule`; ``--print_config`` prints the
+    resolved recipe, ``--ckpt_path`` resumes a run.
+    """
+    from ggpo_lightning.train import run_training
+
+    run_training(args)

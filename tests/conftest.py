@@ -13,3 +13,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _reset_global_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     # Lightning's seed_everything exports PL_GLOBAL_SEED; a test must not inherit another's.
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny model folder built once per test session through the real save/load code."""
+    from ggpo_lightning.models import build_tiny_model
+    from ggpo_lightning.testing import TINY_TEST_MODEL
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_TEST_MODEL)
+
+
+@pytest.fixture()
+def tiny_lm(tiny_model_dir):
+    """``(model, tokenizer)`` loaded fresh from the tiny model folder."""
+    from ggpo_lightning.models import load_causal_lm, load_tokenizer
+
+    return load_causal_lm(tiny_model_dir, dtype="float32"), load_tokenizer(tiny_model_dir)

@@ -1,0 +1,142 @@
+"""Callbacks of a training run: held-out accuracy before/after, export, ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary", "write_json_atomic"]
+
+
+class _EveryNUpdates(L.Callback):
+    """Calls the module's method ``action`` after every ``every``-th optimizer update (once per update)."""
+
+    action: str
+
+    def __init__(self, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"{type(self).__name__}: every must be >= 1, got {every}")
+        self.every = every
+        self.last_step = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step  # with gradient accumulation several batches end at one step: act once
+        if step > self.last_step and step % self.every == 0:
+            getattr(pl_module, self.action)()
+            self.last_step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_step = state_dict["last_step"]
+
+
+class RolloutSync(_EveryNUpdates):
+    """Copies the learner into the rollout engine every N optimizer updates (N = 1: near on-policy)."""
+
+    action = "sync_rollout_engine"
+
+
+class ReferenceRefresh(_EveryNUpdates):
+    """Copies the learner into the frozen reference every M optimizer updates (the paper: 160)."""
+
+    action = "refresh_reference"
+
+
+class RunSummary(L.Callback):
+    """Measures held-out accuracy before and after training, exports the final model, writes ``summary.json``.
+
+    Accuracy is the module's ``evaluate`` (greedy pass@1 with the run's verifier) on the
+    datamodule's validation prompts. The final learner is saved with ``save_pretrained``
+    (plus its tokenizer) in ``<run dir>/final_model``, loadable by transformers and
+    inference engines. ``summary.json`` in the run directory holds ``accuracy_before``,
+    ``accuracy_after`` (fractions), ``optimizer_steps``, ``generated_samples``,
+    ``wall_seconds`` and ``recipe``.
+
+    Args:
+        export: save the final model.
+        recipe: the recipe's name for the summary (``ggpo-train`` fills it from ``--config``).
+    """
+
+    def __init__(self, export: bool = True, recipe: str | None = None) -> None:
+        self.export = export
+        self.recipe = recipe
+        self.accuracy_before: float | None = None
+        self._wall_before = 0.0  # seconds spent in earlier sessions of a resumed run
+        self._start = 0.0
+
+    @staticmethod
+    def run_dir(trainer: L.Trainer) -> Path:
+        return Path(trainer.log_dir or trainer.default_root_dir)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+        rows = trainer.datamodule.val_rows
+        if self.accuracy_before is None and rows and trainer.is_global_zero:
+            self.accuracy_before = pl_module.evaluate(rows)
+            print(f"held-out accuracy of the starting model: {self.accuracy_before:.3f} ({len(rows)} prompts)",
+                  flush=True)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        rows = trainer.datamodule.val_rows
+        accuracy_after = pl_module.evaluate(rows) if rows else None
+        run_dir = self.run_dir(trainer)
+        if self.export:
+            self._export(pl_module, run_dir / "final_model")
+        summary = {
+            "recipe": self.recipe,
+            "objective": pl_module.objective.name,
+            "accuracy_before": self.accuracy_before,
+            "accuracy_after": accuracy_after,
+            "optimizer_steps": trainer.global_step,
+            "generated_samples": pl_module.generated_samples,
+            "skipped_nan_steps": pl_module.nan_steps,
+            "wall_seconds": round(self._wall_before + time.perf_counter() - self._start, 2),
+            "val_prompts": len(rows),
+            "final_model": str(run_dir / "final_model") if self.export else None,
+        }
+        path = run_dir / "summary.json"
+        write_json_atomic(path, summary)
+        self._print_table(summary)
+        print(f"summary written to {path}", flush=True)
+
+    @staticmethod
+    def _export(pl_module: L.LightningModule, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".final_model-"))
+        pl_module.learner.save_pretrained(tmp)
+        pl_module.tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+
+    @staticmethod
+    def _print_table(s: dict[str, Any]) -> None:
+        def pct(v: float | None) -> str:
+            return "   n/a" if v is None else f"{100 * v:5.1f}%"
+
+        gain = (None if s["accuracy_before"] is None or s["accuracy_after"] is None
+                else s["accuracy_after"] - s["accuracy_before"])
+        print("\n  held-out accuracy   before    after   change", flush=True)
+        print(f"  {s['objective']:<18} {pct(s['accuracy_before'])}   {pct(s['accuracy_after'])}   "
+              f"{'   n/a' if gain is None else f'{100 * gain:+5.1f}'}", flush=True)
+        print(f"  {s['optimizer_steps']} optimizer steps, {s['generated_samples']} generated samples, "
+              f"{s['wall_seconds']:.0f} s\n", flush=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self._start if self._start else 0.0
+        return {"accuracy_before": self.accuracy_before, "wall_seconds": self._wall_before + elapsed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.accuracy_before = state_dict["accuracy_before"]
+        self._wall_before = state_dict["wall_seconds"]

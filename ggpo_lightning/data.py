@@ -1,0 +1,284 @@
+"""Prompt datasets and the DataModule that serves whole prompt groups from the behavior buffer.
+
+The training dataloader is an endless stream; each item is one optimizer step's
+``list[RolloutGroup]`` drawn from the :class:`~ggpo_lightning.buffer.BehaviorBuffer`:
+
+- ``online``: before each draw, the next ``prompts_per_step`` prompts are rolled out by
+  the module's rollout engine (the behavior policy, synced every N updates) and added;
+- ``offline``: the buffer is filled once, from a buffer file (``buffer_path``) or by
+  rolling out the training prompts with the initial model, and never refreshed.
+
+Rolling out needs the models, which live in the LightningModule: the stream calls
+``trainer.lightning_module.rollout(rows)``. Everything runs in the main process
+(``num_workers=0``): the engine's model must not be copied into worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
+from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
+
+__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_prompt_rows"]
+
+MODES = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt with its gold answer; ``source`` is ``file:line`` for error messages."""
+
+    id: str
+    prompt: str
+    gold: str
+    source: str = ""
+
+
+@dataclass
+class SyntheticTaskConfig:
+    """Generate the synthetic arithmetic task into the folder of ``train_path`` when missing."""
+
+    task: ArithmeticTask
+    """Problem family (operand range, operators)."""
+    n_train: int = 4096
+    """Training prompts."""
+    n_test: int = 512
+    """Held-out prompts (the validation set)."""
+    seed: int = 0
+    """Seed of the problem generator."""
+
+
+def _read_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line or row number, record)`` pairs of a JSONL or Parquet file."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+        return
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answer_field: str = "answer",
+                     id_field: str | None = "id", template: str = "{prompt}") -> list[PromptRow]:
+    """Read prompts and gold answers from a JSONL or Parquet file.
+
+    ``template`` is formatted with the record's fields (``{prompt}`` is the prompt
+    field). A record without ``prompt_field`` or ``answer_field`` is an error naming the
+    file, the line and the fields it does have.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    rows = []
+    for number, record in _read_records(path):
+        where = f"{path}:{number}"
+        for field in (prompt_field, answer_field):
+            if record.get(field) is None:
+                raise ValueError(
+                    f"{where}: missing field {field!r} (fields: {', '.join(sorted(record))}); "
+                    f"map yours with data.prompt_field / data.answer_field"
+                )
+        try:
+            prompt = template.format(**{**record, "prompt": record[prompt_field]})
+        except KeyError as exc:
+            raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
+        row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else f"{path.name}:{number}"
+        rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
+    if not rows:
+        raise ValueError(f"{path}: no prompts found")
+    return rows
+
+
+class _GroupStream(IterableDataset):
+    """Endless stream of training batches, each one step's list of prompt groups."""
+
+    def __init__(self, datamodule: PromptGroupDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[list[RolloutGroup]]:
+        while True:
+            yield self.datamodule.next_batch()
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class PromptGroupDataModule(L.LightningDataModule):
+    """Prompts in, whole prompt groups out.
+
+    Args:
+        train_path: training prompts (JSONL or Parquet).
+        val_path: held-out prompts for accuracy (JSONL or Parquet); None = no validation.
+        prompt_field: record field with the problem text.
+        answer_field: record field with the gold answer.
+        id_field: record field with a stable id (missing ids become ``file:line``).
+        prompt_template: Python format string over the record's fields, e.g.
+            ``"Problem: {prompt}\\nAnswer:"``.
+        synthetic: generate the synthetic task into ``train_path``'s folder if missing.
+        mode: ``online`` (roll out fresh groups every step) or ``offline`` (fill once).
+        prompts_per_step: prompt groups in one optimizer step.
+        buffer_path: offline mode: a buffer JSONL file to train on (no generation at all).
+        offline_prompts: offline mode without ``buffer_path``: how many training prompts
+            to roll out once (None = all).
+        buffer_draw: draw policy (``fifo``, ``newest``, ``uniform``); None = ``fifo``
+            online (each fresh group used once), ``uniform`` offline (replay).
+        buffer_capacity: most groups kept (oldest evicted first); None = unbounded.
+        max_staleness: drop groups whose behavior version is more than this many
+            optimizer updates behind the learner; None = no limit.
+        val_size: use only the first N held-out prompts; None = all.
+        seed: seed of the prompt order and of buffer draws.
+    """
+
+    def __init__(
+        self,
+        train_path: str,
+        val_path: str | None = None,
+        prompt_field: str = "prompt",
+        answer_field: str = "answer",
+        id_field: str | None = "id",
+        prompt_template: str = "{prompt}",
+        synthetic: SyntheticTaskConfig | None = None,
+        mode: str = "online",
+        prompts_per_step: int = 8,
+        buffer_path: str | None = None,
+        offline_prompts: int | None = None,
+        buffer_draw: str | None = None,
+        buffer_capacity: int | None = None,
+        max_staleness: int | None = None,
+        val_size: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        errors = []
+        if mode not in MODES:
+            errors.append(f"data.mode must be one of {MODES}, got {mode!r}")
+        if prompts_per_step < 1:
+            errors.append(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
+        if buffer_path is not None and mode != "offline":
+            errors.append("data.buffer_path is for offline mode; set data.mode: offline or drop buffer_path")
+        if offline_prompts is not None and offline_prompts < 1:
+            errors.append(f"data.offline_prompts must be >= 1, got {offline_prompts}")
+        if errors:
+            raise ValueError("invalid data settings:\n  " + "\n  ".join(errors))
+        self.train_path, self.val_path = train_path, val_path
+        self.fields = dict(prompt_field=prompt_field, answer_field=answer_field, id_field=id_field,
+                           template=prompt_template)
+        self.synthetic = synthetic
+        self.mode = mode
+        self.prompts_per_step = prompts_per_step
+        self.buffer_path = buffer_path
+        self.offline_prompts = offline_prompts
+        self.val_size = val_size
+        self.seed = seed
+        draw = buffer_draw or ("fifo" if mode == "online" else "uniform")
+        self.buffer = BehaviorBuffer(capacity=buffer_capacity, draw=draw, max_staleness=max_staleness, seed=seed)
+        self.train_rows: list[PromptRow] = []
+        self.val_rows: list[PromptRow] = []
+        self._order: list[int] = []  # prompt order of the current pass
+        self._cursor = 0
+        self._epoch = 0
+        self._filled = False
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def prepare_data(self) -> None:
+        if self.synthetic is not None:
+            s = self.synthetic
+            write_splits(s.task, Path(self.train_path).parent, s.n_train, s.n_test, s.seed)
+
+    def setup(self, stage: str) -> None:
+        if not self.train_rows:
+            self.train_rows = load_prompt_rows(self.train_path, **self.fields)
+        if self.val_path and not self.val_rows:
+            self.val_rows = load_prompt_rows(self.val_path, **self.fields)[: self.val_size]
+
+    def train_dataloader(self) -> DataLoader:
+        # The stream must run in this process: it drives the rollout engine's model.
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        # A private generator: DataLoader draws a base seed from it at every iter(), which would
+        # otherwise shift the global RNG of rollout sampling (and break exact resumption).
+        return DataLoader(_GroupStream(self), batch_size=None, num_workers=0, collate_fn=_identity,
+                          generator=torch.Generator())
+
+    def val_dataloader(self) -> DataLoader | list:
+        if not self.val_rows:
+            return []
+        return DataLoader(self.val_rows, batch_size=len(self.val_rows), num_workers=0, collate_fn=_identity)
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        # Batches are lists of RolloutGroup / PromptRow (Python objects); the module builds device tensors.
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.state_dict(), "order": self._order, "cursor": self._cursor,
+                "epoch": self._epoch, "filled": self._filled}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        self._order, self._cursor, self._epoch = state["order"], state["cursor"], state["epoch"]
+        self._filled = state["filled"]
+
+    # ------------------------------------------------------------------ the data path
+
+    def next_prompts(self, n: int) -> list[PromptRow]:
+        """The next ``n`` training prompts: passes over a seeded shuffle, reshuffled per pass."""
+        rows = []
+        while len(rows) < n:
+            if self._cursor >= len(self._order):
+                self._order = list(range(len(self.train_rows)))
+                random.Random(self.seed * 1_000_003 + self._epoch).shuffle(self._order)
+                self._epoch += 1
+                self._cursor = 0
+            rows.append(self.train_rows[self._order[self._cursor]])
+            self._cursor += 1
+        return rows
+
+    def next_batch(self) -> list[RolloutGroup]:
+        """One optimizer step's prompt groups (rolling out first, as the mode says)."""
+        module = self.trainer.lightning_module
+        if self.mode == "online":
+            self.buffer.add(module.rollout(self.next_prompts(self.prompts_per_step)))
+        elif not self._filled:
+            self._fill_offline(module)
+        groups = self.buffer.draw(self.prompts_per_step, current_version=self.trainer.global_step)
+        if not groups:
+            raise RuntimeError(
+                f"the behavior buffer has no groups to draw (size {len(self.buffer)}, draw "
+                f"{self.buffer.draw_policy!r}); with data.max_staleness set, groups may all be too stale"
+            )
+        return groups
+
+    def _fill_offline(self, module: L.LightningModule) -> None:
+        if self.buffer_path is not None:
+            self.buffer.add(BehaviorBuffer.load_jsonl(self.buffer_path).groups())
+        else:
+            count = self.offline_prompts or len(self.train_rows)
+            rows = self.next_prompts(count)
+            for start in range(0, count, self.prompts_per_step):
+                self.buffer.add(module.rollout(rows[start:start + self.prompts_per_step]))
+        self._filled = True

@@ -1,0 +1,382 @@
+"""GGPOModule: the learner, its frozen reference, the rollout engine and one training step.
+
+One optimizer step (``training_step``) reads top to bottom:
+
+1. pack the step's prompt groups into ``[B, L]`` token rows (``B = G x K``);
+2. learner sequence log-probs with gradient, reference log-probs without;
+3. the configured objective (``ggpo``, ``agro``, ``grpo``, ``maxrl``) on ``[G, K]``;
+4. log the diagnostics of GGPO.md section 6.
+
+After each optimizer update, two independent schedules run (``on_train_batch_end``):
+the rollout engine gets the learner's weights every ``rollout.sync_every`` updates
+(behavior staleness), and the reference becomes a copy of the learner every
+``ref_refresh_every`` updates (a new Gibbs target).
+
+A non-finite loss skips the step (counted, logged); ``max_nan_steps`` in a row stop the
+run with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from ggpo_lightning.buffer import RolloutGroup
+from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync
+from ggpo_lightning.data import PromptRow
+from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
+from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
+from ggpo_lightning.objectives import get_objective, ggpo_diagnostics
+from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig
+
+__all__ = ["GGPOModule", "RolloutConfig"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class RolloutConfig:
+    """The behavior policy: how many responses, how sampled, how stale."""
+
+    k: int = 8
+    """Responses per prompt (the group size K, >= 2)."""
+    sync_every: int = 1
+    """Copy the learner into the rollout engine every N optimizer updates (1 = near on-policy)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Temperature, top-p, response length, generation batch size."""
+    dtype: str | None = None
+    """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
+
+
+def _default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+
+
+class GGPOModule(L.LightningModule):
+    """Off-policy RL fine-tuning of a causal LM with verifiable rewards.
+
+    Args:
+        model_name_or_path: local folder or hub id of a transformers causal LM.
+        tiny_model: build a tiny local model (tokenizer, Llama config, supervised
+            warm-up) at ``model_name_or_path`` when that folder does not exist; for CPU
+            runs and tests without downloads.
+        objective: registered objective: ``ggpo``, ``agro``, ``grpo`` or ``maxrl``.
+        beta: KL strength (> 0); GRPO's KL-penalty coefficient too.
+        rollout: group size, sampling, sync schedule and precision of the behavior policy.
+        verifier: answer checker: a registry name (``math``, ``numeric``, ``exact``, or
+            a plugin) or ``{"class_path": ..., "init_args": ...}``.
+        verifier_timeout: wall-clock seconds per answer check.
+        ref_refresh_every: copy the learner into the reference every N optimizer updates
+            (0 = never).
+        optimizer: optimizer over the learner's parameters only.
+        clip_eps: GRPO's ratio clip.
+        kl_estimator: GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``.
+        logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
+        gradient_checkpointing: recompute activations in backward (less memory, more time).
+        max_nan_steps: stop after this many non-finite losses in a row.
+        eval_max_new_tokens: response length for held-out accuracy (greedy decoding).
+        eval_batch_size: prompts per generation call during evaluation.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        tiny_model: TinyModelConfig | None = None,
+        objective: str = "ggpo",
+        beta: float = 0.04,
+        rollout: RolloutConfig | None = None,
+        verifier: str | dict = "math",
+        verifier_timeout: float = 5.0,
+        ref_refresh_every: int = 160,
+        optimizer: OptimizerCallable = _default_optimizer,
+        clip_eps: float = 0.2,
+        kl_estimator: str = "k3",
+        logprob_chunk_size: int = 4096,
+        gradient_checkpointing: bool = False,
+        max_nan_steps: int = 10,
+        eval_max_new_tokens: int | None = None,
+        eval_batch_size: int = 256,
+    ) -> None:
+        super().__init__()
+        self.rollout_config = rollout or RolloutConfig()
+        self._validate(objective, beta, verifier, self.rollout_config, ref_refresh_every, clip_eps, kl_estimator,
+                       max_nan_steps)
+        self.objective = get_objective(objective)
+        self.beta = beta
+        self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
+        self.ref_refresh_every = ref_refresh_every
+        self.optimizer_factory = optimizer
+        self.clip_eps, self.kl_estimator = clip_eps, kl_estimator
+        self.logprob_chunk_size = logprob_chunk_size
+        self.max_nan_steps = max_nan_steps
+        self.eval_max_new_tokens = eval_max_new_tokens or self.rollout_config.sampling.max_new_tokens
+        self.eval_batch_size = eval_batch_size
+
+        if tiny_model is not None:
+            ensure_tiny_model(model_name_or_path, tiny_model)
+        self.model_name_or_path = model_name_or_path
+        self.tokenizer = load_tokenizer(model_name_or_path)
+        self.learner = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
+        if gradient_checkpointing:
+            self.learner.gradient_checkpointing_enable()
+        self.reference = copy.deepcopy(self.learner).requires_grad_(False).eval()
+        engine_dtype = _DTYPES[self.rollout_config.dtype] if self.rollout_config.dtype else None
+        self.engine = HFGenerateEngine(self.learner, self.tokenizer, dtype=engine_dtype,
+                                       record_logprobs=self.objective.uses_behavior_logp)
+        self.verifier = None  # started in setup(): a process pool
+        self.nan_steps = 0
+        self._nan_streak = 0
+        self._rollout_seconds = 0.0
+        self._rollout_tokens = 0
+        self.generated_samples = 0
+
+    @staticmethod
+    def _validate(objective: str, beta: float, verifier: str | dict, rollout: RolloutConfig,
+                  ref_refresh_every: int, clip_eps: float, kl_estimator: str, max_nan_steps: int) -> None:
+        """All configuration errors at once, before any model is loaded."""
+        from ggpo_verifiers import available_verifiers
+
+        errors = []
+        try:
+            get_objective(objective)
+        except ValueError as exc:
+            errors.append(f"model.objective: {exc}")
+        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+            errors.append(f"model.beta must be a finite number > 0, got {beta!r}")
+        if isinstance(verifier, str) and verifier not in available_verifiers():
+            errors.append(f"model.verifier: unknown verifier {verifier!r}; available: "
+                          f"{', '.join(available_verifiers())}")
+        if ref_refresh_every < 0:
+            errors.append(f"model.ref_refresh_every must be >= 0 (0 = never), got {ref_refresh_every}")
+        if not 0 < clip_eps < 1:
+            errors.append(f"model.clip_eps must be in (0, 1), got {clip_eps}")
+        if kl_estimator not in ("k1", "k2", "k3"):
+            errors.append(f"model.kl_estimator must be k1, k2 or k3, got {kl_estimator!r}")
+        if max_nan_steps < 1:
+            errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
+        if rollout.k < 2:
+            errors.append(f"model.rollout.k must be >= 2 (GGPO contrasts responses within a group), got {rollout.k}")
+        if rollout.sync_every < 1:
+            errors.append(f"model.rollout.sync_every must be >= 1, got {rollout.sync_every}")
+        if rollout.dtype is not None and rollout.dtype not in _DTYPES:
+            errors.append(f"model.rollout.dtype must be one of {sorted(_DTYPES)} or null, got {rollout.dtype!r}")
+        if errors:
+            raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self, stage: str) -> None:
+        from ggpo_verifiers import get_verifier
+
+        if self.verifier is None:
+            self.verifier = get_verifier(self.verifier_spec, timeout=self.verifier_timeout)
+        self.engine.to(self.device)
+
+    def teardown(self, stage: str) -> None:
+        if self.verifier is not None:
+            self.verifier.close()
+            self.verifier = None
+
+    def train(self, mode: bool = True) -> GGPOModule:
+        super().train(mode)
+        self.reference.eval()  # frozen: no dropout, whatever Lightning toggles
+        return self
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.optimizer_factory(self.learner.parameters())
+
+    # ------------------------------------------------------------------ rollout
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    @torch.no_grad()
+    def rollout(self, rows: list[PromptRow]) -> list[RolloutGroup]:
+        """K behavior responses per prompt from the rollout engine, scored by the verifier."""
+        start = time.perf_counter()
+        k = self.rollout_config.k
+        generations = self.engine.generate([self.encode_prompt(r.prompt) for r in rows], k,
+                                           self.rollout_config.sampling)
+        responses = [text for g in generations for text in g.responses]
+        rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
+        groups = [
+            RolloutGroup(
+                prompt_id=row.id, prompt=row.prompt, gold=row.gold, prompt_ids=g.prompt_ids,
+                response_ids=g.response_ids, responses=g.responses,
+                rewards=[float(x) for x in rewards[i * k:(i + 1) * k]],
+                behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs,
+            )
+            for i, (row, g) in enumerate(zip(rows, generations))
+        ]
+        self._rollout_seconds += time.perf_counter() - start
+        self._rollout_tokens += sum(len(ids) for g in generations for ids in g.response_ids)
+        self.generated_samples += len(responses)
+        return groups
+
+    # ------------------------------------------------------------------ training
+
+    def _pack(self, groups: list[RolloutGroup]) -> dict[str, Tensor]:
+        """Token rows of every response plus the ``[G, K]`` layout of rewards and masks."""
+        k_max = max(g.k for g in groups)
+        prompts = [g.prompt_ids for g in groups for _ in range(g.k)]
+        responses = [ids for g in groups for ids in g.response_ids]
+        input_ids, attention, target = pack_sequences(prompts, responses, self.tokenizer.pad_token_id, self.device)
+        group_mask = torch.tensor([[i < g.k for i in range(k_max)] for g in groups], device=self.device)  # [G, K]
+        rewards = torch.tensor([g.rewards + [0.0] * (k_max - g.k) for g in groups], device=self.device)  # [G, K]
+        batch = {"input_ids": input_ids, "attention_mask": attention, "target_mask": target,
+                 "group_mask": group_mask, "rewards": rewards,
+                 "versions": torch.tensor([g.behavior_version for g in groups], device=self.device)}
+        if self.objective.uses_behavior_logp:
+            behavior = torch.zeros(input_ids.shape, device=self.device)  # [B, L]
+            flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
+            if len(flat) != len(responses):
+                raise ValueError(f"objective {self.objective.name!r} needs behavior log-probs, but some "
+                                 "groups lack them (a buffer file without behavior_logprobs?)")
+            batch["behavior_token_logp"] = behavior.masked_scatter(target, torch.cat(flat).to(self.device))
+        return batch
+
+    def _to_groups(self, per_row: Tensor, group_mask: Tensor) -> Tensor:
+        """Scatter a ``[B, ...]`` per-response tensor into ``[G, K, ...]`` (zeros where absent)."""
+        out = per_row.new_zeros(group_mask.shape + per_row.shape[1:])
+        out[group_mask] = per_row
+        return out
+
+    def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = batch["group_mask"]  # [G, K]
+        rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+        logp, tok_logp = sequence_logprobs(self.learner, *rows, chunk_size=self.logprob_chunk_size)  # [B], [B, L]
+        with torch.no_grad():
+            ref_logp, ref_tok = sequence_logprobs(self.reference, *rows, chunk_size=self.logprob_chunk_size)
+        logp_g, ref_g = self._to_groups(logp, mask), self._to_groups(ref_logp, mask)  # [G, K]
+        rewards = batch["rewards"]
+        name = self.objective.name
+        if name == "maxrl":
+            loss = self.objective.loss(logp_g, rewards, mask)
+        elif self.objective.level == "token":
+            tmask = self._to_groups(batch["target_mask"], mask)  # [G, K, L]
+            loss = self.objective.loss(
+                self._to_groups(tok_logp, mask), self._to_groups(batch["behavior_token_logp"], mask), tmask,
+                rewards, mask, clip_eps=self.clip_eps, kl_coef=self.beta,
+                ref_token_logp=self._to_groups(ref_tok, mask), kl_estimator=self.kl_estimator)
+        else:
+            loss = self.objective.loss(logp_g, ref_g, rewards, self.beta, mask)
+        metrics = ggpo_diagnostics(logp_g.detach(), ref_g, rewards, self.beta, mask)
+        metrics["kl_ref"] = (logp.detach() - ref_logp).mean()  # sample estimate of KL(learner || reference)
+        return loss, metrics
+
+    def training_step(self, dataloader_iter: Iterator) -> Tensor | None:
+        # Taking the iterator (not a batch) stops Lightning from prefetching the next batch,
+        # which would roll it out *before* this step's update and sync: one step staler than configured.
+        groups, _, _ = next(dataloader_iter)
+        start = time.perf_counter()
+        batch = self._pack(groups)
+        loss, metrics = self._loss(batch)
+        rewards, mask = batch["rewards"], batch["group_mask"]
+        n = mask.sum().clamp(min=1)
+        metrics.update(
+            reward=(rewards * mask).sum() / n,
+            accuracy=((rewards == 1) & mask).sum() / n,
+            staleness=(self.global_step - batch["versions"]).float().mean(),
+            rollout_seconds=torch.tensor(self._rollout_seconds),
+            rollout_tokens_per_s=torch.tensor(self._rollout_tokens / max(self._rollout_seconds, 1e-9)),
+        )
+        self._rollout_seconds, self._rollout_tokens = 0.0, 0
+        if not torch.isfinite(loss):
+            return self._skip_nan_step(metrics)
+        self._nan_streak = 0
+        metrics["train_seconds"] = torch.tensor(time.perf_counter() - start)
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=len(groups))
+        self.log("train/reward", metrics.pop("reward"), prog_bar=True, batch_size=len(groups))
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
+        return loss
+
+    def _skip_nan_step(self, metrics: dict[str, Tensor]) -> None:
+        self.nan_steps += 1
+        self._nan_streak += 1
+        self.log("train/nan_steps", float(self.nan_steps), batch_size=1)
+        log.warning("non-finite loss at step %d: skipped (%d in a row, %d in all)",
+                    self.global_step, self._nan_streak, self.nan_steps)
+        if self._nan_streak >= self.max_nan_steps:
+            path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "nan-stop.ckpt"
+            self.trainer.save_checkpoint(path)
+            self.trainer.should_stop = True
+            log.error("%d non-finite losses in a row: stopping; checkpoint saved to %s. Lower the learning "
+                      "rate or check the data and precision settings.", self._nan_streak, path)
+        return None
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        # Callbacks, not module hooks: Lightning runs checkpoint callbacks last, so a checkpoint
+        # taken at step s already holds the engine and reference as updated at step s.
+        schedules: list[L.Callback] = [RolloutSync(self.rollout_config.sync_every)]
+        if self.ref_refresh_every:
+            schedules.append(ReferenceRefresh(self.ref_refresh_every))
+        return schedules
+
+    def sync_rollout_engine(self) -> None:
+        """Copy the learner's weights into the rollout engine (the behavior policy)."""
+        self.engine.load_weights(self.learner, version=self.global_step)
+
+    def refresh_reference(self) -> None:
+        """Make the reference a copy of the learner: a new Gibbs target."""
+        self.reference.load_state_dict(self.learner.state_dict())
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, rows: list[PromptRow]) -> float:
+        """Held-out accuracy (pass@1, greedy decoding) of the learner on ``rows``."""
+        if not rows:
+            raise ValueError("evaluate() needs at least one prompt")
+        was_training = self.learner.training
+        self.learner.eval()
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        texts = []
+        for start in range(0, len(rows), self.eval_batch_size):
+            prompts = [self.encode_prompt(r.prompt) for r in rows[start:start + self.eval_batch_size]]
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+            attention = (torch.arange(width, device=self.device) >= torch.tensor(
+                [width - len(p) for p in prompts], device=self.device).unsqueeze(-1)).long()
+            out = self.learner.generate(input_ids=ids, attention_mask=attention, do_sample=False,
+                                        max_new_tokens=self.eval_max_new_tokens, pad_token_id=pad, eos_token_id=eos)
+            texts.extend(self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True))
+        self.learner.train(was_training)
+        scores = self.verifier.score_batch(texts, [r.gold for r in rows])
+        return sum(scores) / len(scores)
+
+    def validation_step(self, rows: list[PromptRow], batch_idx: int) -> None:
+        self.log("val/accuracy", self.evaluate(rows), prog_bar=True, batch_size=len(rows))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["ggpo"] = {
+            "engine_version": self.engine.version,
+            "engine_state": self.engine.model.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "nan_steps": self.nan_steps,
+            "generated_samples": self.generated_samples,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["ggpo"]
+        self.engine.model.load_state_dict(state["engine_state"])
+        self.engine.version = state["engine_version"]
+        # the sampling RNG, so that a resumed run draws the responses an uninterrupted one would
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.nan_steps, self.generated_samples = state["nan_steps"], state["generated_samples"]

@@ -1,0 +1,150 @@
+"""Rollout engines: the behavior policy that samples K responses per prompt.
+
+An engine holds its *own* copy of the model. It changes only when the trainer calls
+``load_weights`` (every ``rollout_sync_every`` optimizer updates), so between syncs it
+is a stale snapshot of the learner, the behavior policy ``mu`` GGPO learns from.
+``HFGenerateEngine`` is the embedded default (transformers ``generate``, KV cache,
+batched, left padding); any object with the same methods can replace it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ggpo_lightning.logprobs import pack_sequences, token_logprobs
+
+__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig"]
+
+
+@dataclass
+class SamplingConfig:
+    """How the behavior policy samples responses."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_new_tokens: int = 256
+    """Longest response in tokens; a response that reaches it without EOS is truncated."""
+    generation_batch_size: int = 256
+    """Sequences per ``generate`` call (bounds memory; groups are never split across calls' results)."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1 or self.generation_batch_size < 1:
+            raise ValueError("sampling.max_new_tokens and sampling.generation_batch_size must be >= 1")
+
+
+@dataclass
+class Generation:
+    """The K sampled responses to one prompt (token ids end with EOS when the model stopped)."""
+
+    prompt_ids: list[int]
+    response_ids: list[list[int]]
+    responses: list[str]
+    token_logprobs: list[list[float]] | None
+    """Per-token log-probs under the engine's model at temperature 1 (before temperature and
+    top-p), when the engine records them: what ratio-based objectives (GRPO) compare against."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from a rollout engine."""
+
+    version: int
+    """Optimizer step of the learner whose weights the engine holds."""
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
+        """Sample ``n`` responses for each prompt (token ids), one ``Generation`` per prompt, in order."""
+        ...
+
+    def load_weights(self, learner: nn.Module, version: int) -> None:
+        """Copy the learner's weights into the engine's model and record ``version``."""
+        ...
+
+
+class HFGenerateEngine:
+    """Samples with ``model.generate`` on a private copy of the learner.
+
+    ``dtype`` lets the behavior model run in another precision than the learner
+    (e.g. bf16 sampling for an fp32 learner: the training-inference mismatch setting).
+    """
+
+    def __init__(self, learner: nn.Module, tokenizer, dtype: torch.dtype | None = None,
+                 record_logprobs: bool = False) -> None:
+        self.model = copy.deepcopy(learner).eval().requires_grad_(False)
+        if dtype is not None:
+            self.model.to(dtype)
+        self.tokenizer = tokenizer
+        self.record_logprobs = record_logprobs
+        self.version = 0
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
+
+    def load_weights(self, learner: nn.Module, version: int) -> None:
+        with torch.no_grad():
+            # load_state_dict copies (and casts to the engine's dtype) in place: no reallocation
+            self.model.load_state_dict(learner.state_dict())
+        self.version = version
+
+    def to(self, device: torch.device | str) -> HFGenerateEngine:
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
+        flat = [p for p in prompt_ids for _ in range(n)]  # prompt i's copies at rows i*n .. i*n+n-1
+        per_call = max(n, sampling.generation_batch_size // n * n)  # whole groups per call
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for start in range(0, len(flat), per_call):
+            chunk = self._sample(flat[start:start + per_call], sampling)
+            responses.extend(chunk)
+            if self.record_logprobs:
+                logprobs.extend(self._score(flat[start:start + per_call], chunk))
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return [
+            Generation(
+                prompt_ids=list(prompt),
+                response_ids=responses[i * n:(i + 1) * n],
+                responses=texts[i * n:(i + 1) * n],
+                token_logprobs=logprobs[i * n:(i + 1) * n] if self.record_logprobs else None,
+            )
+            for i, prompt in enumerate(prompt_ids)
+        ]
+
+    def _score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """Token log-probs of the sampled responses under the engine's model (one extra forward).
+
+        A separate forward, not ``generate``'s ``output_logits``: those keep ``[B, T, V]``
+        logits alive, gigabytes for real vocabularies.
+        """
+        input_ids, attention, target = pack_sequences(prompts, responses, self.tokenizer.pad_token_id,
+                                                      next(self.model.parameters()).device)
+        tokens = token_logprobs(self.model, input_ids, attention, target)  # [B, L]
+        return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
+
+    def _sample(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[int]]:
+        """One ``generate`` call on left-padded prompts; responses cut after the first EOS."""
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [B, P]
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        result = self.model.generate(
+            input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens, pad_token_id=pad,
+            eos_token_id=eos,
+        )
+        responses = []
+        for seq in result[:, width:].tolist():  # [B, T]
+            responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
+        return responses

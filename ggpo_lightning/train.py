@@ -1,0 +1,54 @@
+"""The ``ggpo-train`` LightningCLI: recipe in, trained model and ``summary.json`` out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from ggpo_lightning.callbacks import RunSummary
+from ggpo_lightning.data import PromptGroupDataModule
+from ggpo_lightning.module import GGPOModule
+
+__all__ = ["GGPOTrainCLI", "run_training"]
+
+TRAINER_DEFAULTS = {
+    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+    "log_every_n_steps": 1,
+    "num_sanity_val_steps": 0,
+    "check_val_every_n_epoch": None,  # one endless epoch: validate every val_check_interval steps
+    "val_check_interval": 100,
+    "max_steps": 100,
+}
+
+
+class GGPOTrainCLI(LightningCLI):
+    """LightningCLI with the run's summary and step-based checkpoints always attached."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
+        parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
+
+
+def _recipe_name(config_paths: list) -> str | None:
+    return Path(str(config_paths[-1])).stem if config_paths else None
+
+
+def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
+    """Parse a recipe (and overrides), train, and return the CLI (its ``trainer``, ``model``, ...)."""
+    cli = GGPOTrainCLI(
+        GGPOModule,
+        PromptGroupDataModule,
+        run=False,
+        auto_configure_optimizers=False,  # the module's optimizer covers the learner only
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults=TRAINER_DEFAULTS,
+        args=args,
+    )
+    summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
+    summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    return cli

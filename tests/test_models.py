@@ -1,0 +1,242 @@
+"""Model loading and the tiny local model: round trips through the real from_pretrained, offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from ggpo_lightning import models
+from ggpo_lightning.models import (
+    TinyModelConfig,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    ensure_tiny_model,
+    greedy_accuracy,
+    load_causal_lm,
+    load_tokenizer,
+)
+from ggpo_lightning.tasks import ArithmeticTask
+
+# GQA (1 kv head) on purpose; about 34k parameters, builds in about a second.
+TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, sft_steps=30)
+PROMPTS = ["1+2=", "17+25=", "99+9=", "5+60="]
+ARITHMETIC_TEXTS = ["17+25=42", "what is 3*4? answer: 12.", "(8-10)=-2\n", "Q: 7+7=\nA: 14", "0"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaForCausalLM]:
+    """The TINY model folder, built through ensure_tiny_model, and the in-memory model that was saved."""
+    saved = []
+    original = LlamaForCausalLM.save_pretrained
+
+    def spy(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LlamaForCausalLM, "save_pretrained", spy)
+        path = ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY)
+    assert len(saved) == 1
+    return path, saved[0]
+
+
+def supervised_loss(model, tokenizer, rows) -> float:
+    """Mean token loss of the gold answers and <eos> after the prompts (independent of the module's helper)."""
+    losses = []
+    for row in rows:
+        prompt = tokenizer(row["prompt"])["input_ids"]
+        answer = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = torch.tensor([prompt + answer])
+        labels = torch.tensor([[-100] * len(prompt) + answer])
+        with torch.no_grad():
+            losses.append(model(input_ids=ids, labels=labels).loss.item())
+    return sum(losses) / len(losses)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_round_trips_through_save_pretrained(tmp_path: Path):
+    tok = build_tiny_tokenizer()
+    tok.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    probe = "answer is 17+25=42"
+    assert tok.tokenize(probe) == ["answer", " ", "is", " ", "1", "7", "+", "2", "5", "=", "4", "2"]
+    assert reloaded.tokenize(probe) == tok.tokenize(probe)
+    assert reloaded(probe)["input_ids"] == tok(probe)["input_ids"]
+    for text in ARITHMETIC_TEXTS:
+        ids = reloaded(text)["input_ids"]
+        assert ids[0] == reloaded.bos_token_id and reloaded.unk_token_id not in ids
+        assert reloaded.decode(ids, skip_special_tokens=True) == text
+    assert (reloaded.pad_token, reloaded.bos_token, reloaded.eos_token, reloaded.unk_token) == (
+        "<pad>", "<bos>", "<eos>", "<unk>")
+
+
+def test_tokenizer_pads_on_the_left():
+    tok = build_tiny_tokenizer()
+    batch = tok(["1+1=", "17+25="], padding=True, return_tensors="pt")
+    assert batch["input_ids"][0, :2].tolist() == [tok.pad_token_id] * 2
+    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    assert batch["input_ids"][:, -1].tolist() == [tok.convert_tokens_to_ids("=")] * 2
+
+
+# ----------------------------------------------------------------------------- tiny model
+
+
+def test_tiny_model_folder_loads_back_with_identical_logits(built):
+    path, in_memory = built
+    model, tokenizer = load_causal_lm(path), load_tokenizer(path)
+    # The Llama config.json in the folder must not swap in another tokenizer class.
+    assert tokenizer.tokenize("answer is 17+25=42") == build_tiny_tokenizer().tokenize("answer is 17+25=42")
+    assert tokenizer.padding_side == "left"
+    assert model.config.tie_word_embeddings and model.config.num_key_value_heads == 1
+    assert (model.config.pad_token_id, model.generation_config.eos_token_id) == (
+        tokenizer.pad_token_id, tokenizer.eos_token_id)
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, in_memory(**batch).logits, rtol=0, atol=0)
+
+
+def test_batched_generation_with_left_padding_matches_one_prompt_at_a_time(built):
+    path, _ = built
+    model, tokenizer = load_causal_lm(path), load_tokenizer(path)
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=6, do_sample=False)
+    together = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    alone = []
+    for prompt in PROMPTS:
+        single = tokenizer(prompt, return_tensors="pt")
+        alone += tokenizer.batch_decode(model.generate(**single, max_new_tokens=6, do_sample=False)
+                                        [:, single["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert out.shape[0] == 4 and together == alone
+
+
+def test_warm_up_lowers_the_supervised_loss_and_is_recorded(built, tmp_path: Path):
+    path, _ = built
+    untrained = build_tiny_model(tmp_path / "untrained", TinyModelConfig(**{**TINY.__dict__, "sft_steps": 0}))
+    tokenizer = load_tokenizer(path)
+    rows = ArithmeticTask().problems(32, seed=999)
+    before = supervised_loss(load_causal_lm(untrained), tokenizer, rows)
+    after = supervised_loss(load_causal_lm(path), tokenizer, rows)
+    assert after < before - 0.5, (before, after)
+    record = json.loads((path / "tiny_model.json").read_text())
+    assert TinyModelConfig(**{**record["config"], "task": ArithmeticTask(**record["config"]["task"])}) == TINY
+    assert 0.0 <= record["warmup_greedy_accuracy"] <= 1.0 and record["n_parameters"] > 0
+
+
+def test_build_is_deterministic(tmp_path: Path):
+    config = TinyModelConfig(**{**TINY.__dict__, "sft_steps": 5})
+    first = load_causal_lm(build_tiny_model(tmp_path / "a", config)).state_dict()
+    second = load_causal_lm(build_tiny_model(tmp_path / "b", config)).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_greedy_accuracy_scores_exact_matches_across_batches(built):
+    path, _ = built
+    model, tokenizer = load_causal_lm(path), load_tokenizer(path)
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=8, do_sample=False)
+    own = [c.strip() for c in tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)]
+    rows = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, own)]
+    assert greedy_accuracy(model, tokenizer, rows, batch_size=3) == 1.0
+    wrong = [{"prompt": p, "answer": a + "0"} for p, a in zip(PROMPTS, own)]
+    assert greedy_accuracy(model, tokenizer, rows[:1] + wrong[1:], batch_size=2) == 0.25
+
+
+def test_ensure_reuses_a_matching_folder_without_rebuilding(built, monkeypatch):
+    path, _ = built
+    stamps = {p.name: p.stat().st_mtime_ns for p in path.iterdir()}
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("rebuilt")
+
+    monkeypatch.setattr(models, "build_tiny_model", no_build)
+    assert ensure_tiny_model(str(path), TinyModelConfig(**TINY.__dict__)) == path
+    assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == stamps
+
+
+def test_ensure_raises_on_a_config_mismatch_naming_the_fields(built):
+    path, _ = built
+    other = TinyModelConfig(**{**TINY.__dict__, "hidden_size": 64, "task": ArithmeticTask(ops="+-")})
+    with pytest.raises(ValueError, match=r"hidden_size: recorded 32, requested 64; task\.ops") as info:
+        ensure_tiny_model(path, other)
+    assert str(path) in str(info.value)
+
+
+def test_ensure_and_build_refuse_a_foreign_existing_folder(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="no tiny_model.json"):
+        ensure_tiny_model(tmp_path, TINY)
+    with pytest.raises(FileExistsError, match="already exists"):
+        build_tiny_model(tmp_path, TINY)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_an_interrupted_build_leaves_no_folder(tmp_path: Path, monkeypatch):
+    original = type(build_tiny_tokenizer()).save_pretrained
+
+    def save_then_crash(self, *args, **kwargs):
+        original(self, *args, **kwargs)  # the staging folder now holds model and tokenizer files
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(build_tiny_tokenizer()), "save_pretrained", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_tiny_model(tmp_path / "model", TinyModelConfig(**{**TINY.__dict__, "sft_steps": 0}))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_config_values_are_reported_together():
+    with pytest.raises(ValueError, match=r"hidden_size / num_heads.*sft_label_noise must be in \[0, 1\]"):
+        TinyModelConfig(hidden_size=30, num_heads=4, sft_label_noise=1.5)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) must divide num_heads \(4\)"):
+        TinyModelConfig(num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
+        TinyModelConfig(num_layers=0)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("name", ["./no/such/model", "../missing", "/abs/missing/model", "a/b/c", "~/no-such-model-xyz"])
+def test_missing_local_path_raises_file_not_found_naming_it(name: str):
+    with pytest.raises(FileNotFoundError, match=f"model folder '{name}' does not exist"):
+        load_causal_lm(name)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tokenizer(name)
+
+
+def test_missing_path_object_is_a_local_path(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "model")):
+        load_causal_lm(tmp_path / "model")
+
+
+def test_uncached_hub_id_offline_raises_a_clear_error():
+    assert huggingface_hub.is_offline_mode(), "tests must run with HF_HUB_OFFLINE=1 (see conftest.py)"
+    for load in (load_causal_lm, load_tokenizer):
+        with pytest.raises(OSError, match="neither a local folder nor a model in the Hugging Face cache") as info:
+            load("ggpo-test-org/no-such-model")
+        assert "hf download ggpo-test-org/no-such-model" in str(info.value)
+
+
+def test_load_causal_lm_dtype(built):
+    path, _ = built
+    assert load_causal_lm(path, dtype="bfloat16").dtype == torch.bfloat16
+    assert load_causal_lm(path, dtype=torch.float32).dtype == torch.float32
+    with pytest.raises(ValueError, match="dtype must be a torch dtype"):
+        load_causal_lm(path, dtype="bf17")
+
+
+def test_load_tokenizer_pads_with_eos_when_there_is_no_pad_token_and_pads_left(tmp_path: Path):
+    tok = build_tiny_tokenizer()
+    tok.pad_token = None
+    tok.padding_side = "right"
+    tok.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="no pad token; padding with its eos token '<eos>'"):
+        loaded = load_tokenizer(tmp_path)
+    assert loaded.pad_token == "<eos>" and loaded.padding_side == "left"

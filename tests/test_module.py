@@ -1,0 +1,211 @@
+"""GGPOModule on the tiny model: steps, gradients, schedules, offline mode, resume."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from ggpo_lightning.data import PromptGroupDataModule
+from ggpo_lightning.module import GGPOModule, RolloutConfig
+from ggpo_lightning.objectives import ggpo_weights
+from ggpo_lightning.rollout import SamplingConfig
+from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
+from ggpo_lightning.testing import make_group
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("data")
+    write_splits(ArithmeticTask(max_operand=9, ops="+"), directory, n_train=40, n_test=12, seed=0)
+    return directory
+
+
+def make_module(model_dir, **kwargs) -> GGPOModule:
+    kwargs.setdefault("rollout", RolloutConfig(k=4, sampling=SamplingConfig(max_new_tokens=3)))
+    kwargs.setdefault("verifier", "numeric")
+    kwargs.setdefault("optimizer", lambda p: torch.optim.AdamW(p, lr=1e-2))
+    return GGPOModule(str(model_dir), **kwargs)
+
+
+def make_data(data_dir, **kwargs) -> PromptGroupDataModule:
+    kwargs.setdefault("prompts_per_step", 3)
+    return PromptGroupDataModule(str(data_dir / "train.jsonl"), str(data_dir / "test.jsonl"), **kwargs)
+
+
+def fit(module, datamodule, steps, callbacks=(), tmp_path=None, **trainer_kwargs):
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, callbacks=list(callbacks),
+                        default_root_dir=tmp_path, **trainer_kwargs)
+    trainer.fit(module, datamodule=datamodule)
+    return trainer
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+class Probe(L.Callback):
+    """Records, at the start of each step (after the previous step's schedules ran), what the models look like."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.rows.append({
+            "step": trainer.global_step,
+            "engine_is_learner": same_weights(module.engine.model, module.learner),
+            "reference_is_learner": same_weights(module.reference, module.learner),
+            "engine_version": module.engine.version,
+        })
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.rows[-1]["versions"] = [g.behavior_version for g in batch]
+
+
+@pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl"])
+def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_model_dir, data_dir, objective):
+    torch.manual_seed(0)
+    module = make_module(tiny_model_dir, objective=objective, beta=0.1)
+    before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
+    ref_before = {n: p.detach().clone() for n, p in module.reference.named_parameters()}
+    trainer = fit(module, make_data(data_dir, prompts_per_step=6), steps=3)
+    assert trainer.global_step == 3
+    unchanged = [n for n, p in module.learner.named_parameters() if torch.equal(p, before[n])]
+    assert not unchanged, f"{objective}: parameters that never changed: {unchanged}"
+    assert all(torch.equal(p, ref_before[n]) for n, p in module.reference.named_parameters())
+    assert module.generated_samples == 3 * 6 * 4
+
+
+def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
+    _, tok = tiny_lm
+    module = make_module(tiny_model_dir, beta=0.3)
+    with torch.no_grad():  # move the learner off the reference so that log pi != log pi_ref
+        for p in module.learner.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = [
+        make_group(tok("1+2=")["input_ids"], [enc("3") + [tok.eos_token_id], enc("4"), enc("12"), enc("3")],
+                   [1.0, 0.0, 0.0, 1.0]),
+        make_group(tok("5+5=")["input_ids"], [enc("10"), enc("1") + [tok.eos_token_id], enc("9")], [1.0, 0.0, 0.0]),
+    ]
+    batch = module._pack(groups)
+    loss, _ = module._loss(batch)
+    module.learner.zero_grad()
+    loss.backward()
+    got = [p.grad.clone() for p in module.learner.parameters()]
+
+    # closed form: -beta * sum_i (w_i - 1/K) grad logp_i, averaged over the 2 groups
+    from ggpo_lightning.logprobs import sequence_logprobs
+
+    rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+    logp, _ = sequence_logprobs(module.learner, *rows)
+    with torch.no_grad():
+        ref, _ = sequence_logprobs(module.reference, *rows)
+    mask = batch["group_mask"]
+    to_g = lambda x: module._to_groups(x, mask)  # noqa: E731
+    contrast = ggpo_weights(to_g(logp.detach()), to_g(ref), batch["rewards"], 0.3, mask)  # [G, K]
+    coef = (-0.3 * contrast / 2)[mask]  # [B]
+    module.learner.zero_grad()
+    (coef * logp).sum().backward()
+    for g, e in zip(got, (p.grad for p in module.learner.parameters())):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
+    assert any(g.abs().max() > 0 for g in got)
+
+
+def test_sync_and_refresh_schedules(tiny_model_dir, data_dir):
+    probe = Probe()
+    module = make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
+                                                              sampling=SamplingConfig(max_new_tokens=3)),
+                         ref_refresh_every=3)
+    fit(module, make_data(data_dir), steps=7, callbacks=[probe])
+    assert [r["step"] for r in probe.rows] == list(range(7))
+    for r in probe.rows[1:]:
+        s = r["step"]
+        assert r["engine_is_learner"] == (s % 2 == 0), r  # right after a sync, and only then
+        assert r["reference_is_learner"] == (s % 3 == 0), r
+        assert r["engine_version"] == s - s % 2
+        # the groups of step s were generated by the engine as it was at the start of step s
+        assert r["versions"] == [s - s % 2] * 3
+
+
+def test_sync_every_step_is_on_policy(tiny_model_dir, data_dir):
+    probe = Probe()
+    fit(make_module(tiny_model_dir), make_data(data_dir), steps=4, callbacks=[probe])
+    assert [r["versions"] for r in probe.rows] == [[s] * 3 for s in range(4)]  # staleness 0 every step
+
+
+def test_offline_mode_generates_only_once(tiny_model_dir, data_dir):
+    module = make_module(tiny_model_dir)
+    calls = []
+    generate = module.engine.generate
+    module.engine.generate = lambda *a, **k: calls.append(len(a[0])) or generate(*a, **k)
+    dm = make_data(data_dir, mode="offline", offline_prompts=9)
+    fit(module, dm, steps=5)
+    assert sum(calls) == 9 and len(calls) == 3  # the first fill, in prompts_per_step chunks
+    assert len(dm.buffer) == 9  # uniform replay keeps every group
+    assert {g.behavior_version for g in dm.buffer.groups()} == {0}
+
+
+def test_offline_from_a_buffer_file_never_generates(tiny_model_dir, data_dir, tmp_path):
+    module = make_module(tiny_model_dir)
+    dm = make_data(data_dir, mode="offline", offline_prompts=6)
+    fit(module, dm, steps=1)
+    path = tmp_path / "buffer.jsonl"
+    dm.buffer.save_jsonl(path)
+
+    module2 = make_module(tiny_model_dir)
+    module2.engine.generate = lambda *a, **k: pytest.fail("offline training from a file must not generate")
+    dm2 = make_data(data_dir, mode="offline", buffer_path=str(path))
+    fit(module2, dm2, steps=3)
+    assert [g.to_dict() for g in dm2.buffer.groups()] == [g.to_dict() for g in dm.buffer.groups()]
+
+
+def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_path):
+    def run(steps, ckpt_path=None, save_at=None):
+        torch.manual_seed(0)
+        module = make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
+                                                                  sampling=SamplingConfig(max_new_tokens=3)),
+                             ref_refresh_every=3)
+        dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
+        callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
+                                                         save_top_k=-1)] if save_at else []
+        trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
+                            num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        return module, dm, trainer
+
+    full, full_dm, full_trainer = run(6, save_at=4)
+    resumed, resumed_dm, resumed_trainer = run(6, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt"))
+    assert resumed_trainer.global_step == full_trainer.global_step == 6
+    assert same_weights(resumed.reference, full.reference)
+    assert same_weights(resumed.engine.model, full.engine.model)
+    assert same_weights(resumed.learner, full.learner)
+    assert resumed_dm.buffer.state_dict() == full_dm.buffer.state_dict()
+    assert resumed.generated_samples == full.generated_samples
+
+
+def test_configuration_errors_come_before_any_model_is_loaded(tmp_path):
+    missing = tmp_path / "no-such-model"  # would fail to load: the errors must come first
+    with pytest.raises(ValueError) as err:
+        GGPOModule(str(missing), objective="ppo", beta=0.0, verifier="nope", rollout=RolloutConfig(k=1))
+    message = str(err.value)
+    for fragment in ("model.objective", "model.beta", "model.verifier", "model.rollout.k", "available"):
+        assert fragment in message
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
+        GGPOModule(str(missing), verifier="numeric")
+
+
+def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_dir, data_dir, tmp_path,
+                                                                      monkeypatch):
+    module = make_module(tiny_model_dir, max_nan_steps=3)
+    before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
+    real_loss = module._loss
+    monkeypatch.setattr(module, "_loss", lambda batch: (real_loss(batch)[0] * float("nan"), real_loss(batch)[1]))
+    trainer = fit(module, make_data(data_dir), steps=10, tmp_path=tmp_path)
+    # the skipped steps change no parameter; they still count toward max_steps
+    assert module.nan_steps == 3 and trainer.global_step == 3
+    assert all(torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
+    assert (tmp_path / "nan-stop.ckpt").is_file()

@@ -1,0 +1,77 @@
+"""HFGenerateEngine: a private behavior copy, grouped sampling, EOS handling, weight sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ggpo_lightning.logprobs import pack_sequences, token_logprobs
+from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig
+
+
+def params_equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_engine_samples_k_responses_per_prompt_in_order(tiny_lm):
+    model, tok = tiny_lm
+    engine = HFGenerateEngine(model, tok)
+    assert isinstance(engine, RolloutEngine)
+    prompts = [tok("1+2=")["input_ids"], tok("4+4=")["input_ids"], tok("9+")["input_ids"]]
+    torch.manual_seed(0)
+    # generation_batch_size 5 with K=4: one whole group per call
+    out = engine.generate(prompts, 4, SamplingConfig(max_new_tokens=6, generation_batch_size=5))
+    assert [g.prompt_ids for g in out] == prompts
+    for g in out:
+        assert len(g.response_ids) == len(g.responses) == 4
+        for ids, text in zip(g.response_ids, g.responses):
+            assert 1 <= len(ids) <= 6
+            assert tok.eos_token_id not in ids[:-1]  # cut right after the first EOS
+            assert text == tok.decode(ids, skip_special_tokens=True)
+        assert g.token_logprobs is None
+
+
+def test_engine_is_a_private_copy_synced_by_load_weights(tiny_lm):
+    model, tok = tiny_lm
+    engine = HFGenerateEngine(model, tok)
+    assert engine.model is not model and params_equal(engine.model, model)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.5)
+    assert not params_equal(engine.model, model)
+    engine.load_weights(model, version=7)
+    assert params_equal(engine.model, model) and engine.version == 7
+    assert not any(p.requires_grad for p in engine.model.parameters())
+
+
+def test_recorded_logprobs_are_the_behavior_models_token_logprobs(tiny_lm):
+    model, tok = tiny_lm
+    engine = HFGenerateEngine(model, tok, record_logprobs=True)
+    prompts = [tok("2+3=")["input_ids"], tok("5+1=")["input_ids"]]
+    out = engine.generate(prompts, 3, SamplingConfig(max_new_tokens=5, temperature=1.5))
+    flat_prompts = [g.prompt_ids for g in out for _ in g.response_ids]
+    flat = [r for g in out for r in g.response_ids]
+    ids, att, tgt = pack_sequences(flat_prompts, flat, tok.pad_token_id)
+    with torch.no_grad():
+        expected = token_logprobs(model, ids, att, tgt)
+    got = [lp for g in out for lp in g.token_logprobs]
+    for i, lp in enumerate(got):
+        assert len(lp) == len(flat[i])
+        torch.testing.assert_close(torch.tensor(lp), expected[i][tgt[i]], rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_engine_for_the_mismatch_setting(tiny_lm):
+    model, tok = tiny_lm
+    engine = HFGenerateEngine(model, tok, dtype=torch.bfloat16)
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32
+    out = engine.generate([tok("1+1=")["input_ids"]], 2, SamplingConfig(max_new_tokens=3))
+    assert len(out[0].response_ids) == 2
+    engine.load_weights(model, version=1)  # casts into the engine's precision
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(temperature=0.0), "temperature"), (dict(top_p=1.5), "top_p"),
+                                           (dict(max_new_tokens=0), "max_new_tokens")])
+def test_sampling_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**kwargs)

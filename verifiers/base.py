@@ -1,0 +1,396 @@
+"""The ``Verifier`` contract: score untrusted model responses against gold answers.
+
+A verifier splits its work in two:
+
+* ``extract(response)`` runs in the calling (trainer) process. It must be cheap,
+  bounded-time string work (find the final answer, cap its size); ``None`` means
+  "no answer", scored 0.0 and counted as unparseable.
+* ``check(answer, gold)`` runs in a worker process (``isolated = True``, the default),
+  under a hard wall-clock timeout and a memory cap, with process creation, network and
+  file writes refused (see ``ggpo_verifiers.worker``). It may be slow, hang, crash or
+  raise: the pool kills and replaces the worker and the check scores 0.0. It returns
+  True/False, a score in [0, 1], or None when the answer cannot be parsed.
+
+``score``/``score_batch`` never raise because of response content. Verdicts for
+repeated (gold, answer) pairs come from an in-memory cache. Outcome counts accumulate in
+``stats`` for logging. Gold answers are dataset input: ``validate_gold(s)`` raises
+``GoldAnswerError`` for one the verifier cannot use, so the data loader can name the row.
+
+A verifier object is picklable (its worker pool is not pickled; a copy, e.g. in a
+DataLoader worker, starts its own workers on first use) and safe to call from any
+thread (calls are serialized). ``close()`` stops the workers; a later call starts new
+ones. Use it as a context manager to close it on exit.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+import os
+import pickle
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+if TYPE_CHECKING:
+    from ggpo_verifiers.pool import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+class Status(enum.IntEnum):
+    """Outcome of one check (a small integer: it crosses the worker boundary)."""
+
+    CORRECT = 0
+    WRONG = 1
+    UNPARSEABLE = 2
+    TIMEOUT = 3
+    CRASHED = 4
+    BAD_GOLD = 5
+
+
+class Outcome(NamedTuple):
+    """Score of one response and how it was reached."""
+
+    score: float
+    status: Status
+
+
+# Verdicts that depend only on (gold, answer): safe to cache. A timeout may be load.
+_CACHEABLE = frozenset({Status.CORRECT, Status.WRONG, Status.UNPARSEABLE, Status.BAD_GOLD})
+
+
+class GoldAnswerError(ValueError):
+    """A gold answer the verifier cannot use. It is the dataset's fault, not the model's.
+
+    ``gold`` is the offending text, ``reason`` says why, ``index`` is its position in
+    the sequence given to ``validate_golds`` (None for a single gold). Data loaders
+    catch it and add the file and line of the row.
+    """
+
+    def __init__(self, gold: str, reason: str, index: int | None = None) -> None:
+        self.gold = gold
+        self.reason = reason
+        self.index = index
+        where = "" if index is None else f" (gold #{index})"
+        shown = gold if len(gold) <= 200 else gold[:200] + "..."
+        # Quoted but not repr()'d: LaTeX backslashes should read as the dataset has them.
+        shown = shown.replace("\n", " ")
+        super().__init__(f"unusable gold answer '{shown}'{where}: {reason}")
+
+
+@dataclass
+class VerifierStats:
+    """Outcome counts since the last ``reset_stats()``, one per scored response.
+
+    ``cache_hits`` counts responses whose verdict came from the cache (or a duplicate
+    earlier in the same batch) instead of a worker.
+    """
+
+    correct: int = 0
+    wrong: int = 0
+    unparseable: int = 0
+    timeout: int = 0
+    crashed: int = 0
+    bad_gold: int = 0
+    cache_hits: int = 0
+
+    @property
+    def total(self) -> int:
+        """Number of scored responses."""
+        return (
+            self.correct + self.wrong + self.unparseable + self.timeout + self.crashed + self.bad_gold
+        )
+
+    @property
+    def accuracy(self) -> float:
+        """Fraction of scored responses that were correct (0.0 when none were scored)."""
+        return self.correct / self.total if self.total else 0.0
+
+    def add(self, status: Status) -> None:
+        """Count one outcome."""
+        field = status.name.lower()
+        setattr(self, field, getattr(self, field) + 1)
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """Counts plus ``total`` and ``accuracy``, keys prefixed (e.g. ``"verifier/"``)."""
+        values = {**asdict(self), "total": self.total, "accuracy": self.accuracy}
+        return {prefix + key: value for key, value in values.items()}
+
+
+def run_check(verifier: Verifier, method: str, args: tuple[str, ...]) -> tuple[Status, float, str]:
+    """Run one ``check``/``check_gold`` call and turn any result into (status, score,
+    reason). Never raises for an ordinary exception: a failing check is an outcome."""
+    try:
+        if method == "check_gold":
+            verifier.check_gold(*args)
+            return Status.CORRECT, 1.0, ""
+        return (*_interpret(verifier.check(*args)), "")
+    except GoldAnswerError as err:
+        return Status.BAD_GOLD, 0.0, err.reason
+    except Exception as err:  # the check is untrusted work: any failure is an outcome
+        if method == "check_gold":
+            return Status.BAD_GOLD, 0.0, f"check_gold raised {type(err).__name__}"
+        return Status.CRASHED, 0.0, ""
+
+
+def _interpret(value: bool | float | None) -> tuple[Status, float]:
+    if value is None:
+        return Status.UNPARSEABLE, 0.0
+    score = float(value)
+    if not 0.0 <= score <= 1.0:  # also rejects NaN: a buggy check must not emit rewards
+        return Status.CRASHED, 0.0
+    return (Status.CORRECT if score > 0.0 else Status.WRONG), score
+
+
+class Verifier(abc.ABC):
+    """Base class of answer checkers; subclass it and implement ``check``.
+
+    Args:
+        timeout: Hard wall-clock limit in seconds for one ``check`` in a worker; a
+            check that takes longer is killed and scores 0.0 (counted as ``timeout``).
+        workers: Number of worker processes (default: min(4, CPU count)).
+        max_tasks_per_worker: Replace a worker after this many checks (sympy's caches
+            grow without bound).
+        memory_limit_mb: Address-space cap of each worker (RLIMIT_AS); None for no cap.
+        cache_size: Number of (answer, gold) verdicts kept across batches; 0 disables
+            that cache (identical pairs within one batch are always checked once).
+            Timeouts and crashes are never cached.
+    """
+
+    name: ClassVar[str] = ""
+    """Registry name, set by ``register_verifier`` or the entry point that loaded it."""
+
+    isolated: ClassVar[bool] = True
+    """Run ``check`` in worker processes. Set False only for checks that are bounded-time
+    pure-Python string work, which cannot hang or execute anything."""
+
+    allow_side_effects: ClassVar[bool] = False
+    """Let checks spawn processes, open sockets and write files in the worker. Leave
+    False unless the check needs them (e.g. it runs code in a sandbox of its own)."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 5.0,
+        workers: int | None = None,
+        max_tasks_per_worker: int = 1000,
+        memory_limit_mb: int | None = 1024,
+        cache_size: int = 50_000,
+    ) -> None:
+        _require(timeout > 0, "timeout", timeout, "a positive number of seconds")
+        _require(workers is None or workers >= 1, "workers", workers, "at least 1")
+        _require(max_tasks_per_worker >= 1, "max_tasks_per_worker", max_tasks_per_worker, ">= 1")
+        _require(
+            memory_limit_mb is None or memory_limit_mb >= 64,
+            "memory_limit_mb",
+            memory_limit_mb,
+            "None or at least 64",
+        )
+        _require(cache_size >= 0, "cache_size", cache_size, ">= 0")
+        self.timeout = float(timeout)
+        self.workers = workers or min(4, os.cpu_count() or 1)
+        self.max_tasks_per_worker = max_tasks_per_worker
+        self.memory_limit_mb = memory_limit_mb
+        self.cache_size = cache_size
+        self._init_runtime()
+
+    # ------------------------------------------------------------------ hooks
+
+    def extract(self, response: str) -> str | None:
+        """The part of ``response`` to check, or None if it has no answer. Runs in the
+        caller's process on untrusted text: keep it cheap and bounded. Default: all."""
+        return response
+
+    @abc.abstractmethod
+    def check(self, answer: str, gold: str) -> bool | float | None:
+        """Whether ``answer`` (from ``extract``) matches ``gold``: True/False, a score
+        in [0, 1], or None if the answer cannot be parsed. Raise ``GoldAnswerError`` if
+        the gold is unusable. Runs in a worker process when ``isolated``."""
+
+    def check_gold(self, gold: str) -> None:
+        """Raise ``GoldAnswerError`` if ``gold`` cannot be used. Runs where ``check``
+        does. Default: reject empty golds."""
+        if not gold.strip():
+            raise GoldAnswerError(gold, "it is empty")
+
+    def warmup(self) -> None:
+        """Called once in each new worker before it takes tasks (and before its memory
+        cap applies): import and initialize heavy dependencies here."""
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, response: str, gold: str) -> float:
+        """Score one response: 1.0 if its answer matches ``gold``, else 0.0."""
+        return self.score_batch([response], [gold])[0]
+
+    def score_batch(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]:
+        """Scores of ``responses[i]`` against ``golds[i]``, checked in parallel."""
+        return [outcome.score for outcome in self.evaluate_batch(responses, golds)]
+
+    def evaluate_batch(self, responses: Sequence[str], golds: Sequence[str]) -> list[Outcome]:
+        """Like ``score_batch`` but with the status of each score."""
+        if len(responses) != len(golds):
+            raise ValueError(f"got {len(responses)} responses but {len(golds)} golds")
+        outcomes: list[Outcome | None] = [None] * len(responses)
+        pending: dict[tuple[str, str], list[int]] = {}  # (answer, gold) -> response indices
+        for i, (response, gold) in enumerate(zip(responses, golds)):
+            _require_str(response, "response", i)
+            _require_str(gold, "gold", i)
+            try:
+                answer = self.extract(response)
+            except Exception:  # a plugin's extract failing on odd text is an outcome
+                outcomes[i] = Outcome(0.0, Status.CRASHED)
+                continue
+            if answer is None:
+                outcomes[i] = Outcome(0.0, Status.UNPARSEABLE)
+            else:
+                pending.setdefault((answer, gold), []).append(i)
+        verdicts = self._cached(pending)
+        fresh = self._run("check", [key for key in pending if key not in verdicts])
+        with self._lock:
+            for key, (status, score, _) in fresh.items():
+                verdicts[key] = Outcome(score, status)
+                if status in _CACHEABLE and self.cache_size:
+                    self._cache[key] = verdicts[key]
+                    if len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+            for key, indices in pending.items():
+                for i in indices:
+                    outcomes[i] = verdicts[key]
+            self._stats.cache_hits += sum(map(len, pending.values())) - len(fresh)
+            for outcome in outcomes:
+                self._stats.add(outcome.status)  # type: ignore[union-attr]
+        bad_golds = sum(o.status is Status.BAD_GOLD for o in outcomes)  # type: ignore[union-attr]
+        if bad_golds:
+            logger.warning(
+                "%s verifier: %d response(s) scored 0.0 because their gold answer is unusable; "
+                "call validate_golds() when loading the data to find the rows",
+                self.name or type(self).__name__,
+                bad_golds,
+            )
+        return outcomes  # type: ignore[return-value]
+
+    def validate_gold(self, gold: str) -> None:
+        """Raise ``GoldAnswerError`` if ``gold`` cannot be used by this verifier."""
+        try:
+            self.validate_golds([gold])
+        except GoldAnswerError as err:
+            raise GoldAnswerError(err.gold, err.reason) from None
+
+    def validate_golds(self, golds: Sequence[str]) -> None:
+        """Check golds in parallel; raise ``GoldAnswerError`` for the first unusable one,
+        with ``index`` set to its position in ``golds``."""
+        for i, gold in enumerate(golds):
+            if not isinstance(gold, str):
+                raise GoldAnswerError(repr(gold), f"it is a {type(gold).__name__}, not a string", i)
+        results = self._run("check_gold", [(gold,) for gold in dict.fromkeys(golds)])
+        for i, gold in enumerate(golds):
+            status, _, reason = results[(gold,)]
+            if status is Status.TIMEOUT:
+                raise GoldAnswerError(gold, f"checking it took longer than {self.timeout:g} s", i)
+            if status is not Status.CORRECT:
+                raise GoldAnswerError(gold, reason or "the verifier worker crashed on it", i)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def stats(self) -> VerifierStats:
+        """A snapshot of the outcome counts since the last ``reset_stats()``."""
+        with self._lock:
+            return VerifierStats(**asdict(self._stats))
+
+    def reset_stats(self) -> VerifierStats:
+        """Zero the counts; return the counts before the reset."""
+        with self._lock:
+            before, self._stats = self._stats, VerifierStats()
+            return before
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for runtime in ("_lock", "_pool", "_cache", "_stats"):
+            state.pop(runtime, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, timeout={self.timeout:g}, workers={self.workers})"
+
+    # ------------------------------------------------------------------ internals
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = VerifierStats()
+        self._cache: OrderedDict[tuple[str, str], Outcome] = OrderedDict()
+        self._pool: WorkerPool | None = None
+
+    def _cached(self, pending: dict[tuple[str, str], list[int]]) -> dict[tuple[str, str], Outcome]:
+        with self._lock:
+            hits = {key: self._cache[key] for key in pending if key in self._cache}
+            for key in hits:
+                self._cache.move_to_end(key)
+            return hits
+
+    def _run(self, method: str, calls: list[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[Status, float, str]]:
+        """Run ``method`` on each distinct argument tuple; map arguments to results."""
+        if not calls:
+            return {}
+        if not self.isolated:
+            return {args: run_check(self, method, args) for args in calls}
+        results = self._worker_pool().run([(method, args) for args in calls])
+        return dict(zip(calls, results))
+
+    def _worker_pool(self) -> WorkerPool:
+        from ggpo_verifiers.pool import WorkerPool
+
+        with self._lock:
+            if self._pool is not None and not self._pool.usable_here():
+                self._pool = None  # inherited through fork: those workers are the parent's
+            if self._pool is None:
+                self._pool = WorkerPool(
+                    pickle.dumps(self),
+                    workers=self.workers,
+                    timeout=self.timeout,
+                    max_tasks_per_worker=self.max_tasks_per_worker,
+                    memory_limit_mb=self.memory_limit_mb,
+                )
+            return self._pool
+
+
+def _require(ok: bool, name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"verifier argument {name}={value!r} is invalid: expected {expected}")
+
+
+def _require_str(value: object, what: str, index: int) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} #{index} is a {type(value).__name__}, expected str")
+
+
+__all__ = [
+    "GoldAnswerError",
+    "Outcome",
+    "Status",
+    "Verifier",
+    "VerifierStats",
+    "run_check",
+]

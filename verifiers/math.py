@@ -1,0 +1,92 @@
+"""``math``: final-answer equivalence for competition-style math, via math-verify + sympy.
+
+Extraction (in the trainer process, see ``ggpo_verifiers.extract``): the last
+``\\boxed{...}`` with brace matching, else the configured fallbacks ("the answer is ...",
+then the last number). Answers longer than ``max_answer_chars`` or nested deeper than
+``max_answer_depth`` are unparseable before any parser sees them.
+
+Equivalence (in a worker, see ``ggpo_verifiers.equivalence``): both sides are parsed as
+LaTeX (plain numbers and expressions such as ``1/2`` or ``3x+2`` are valid LaTeX) and
+compared by math-verify: symbolic simplification, sets unordered, tuples ordered,
+intervals with their open/closed ends, equations and inequalities (``x > 2`` equals
+``(2, \\infty)``). Policies, each pinned by a test:
+
+* a decimal equals a non-integer gold when both agree after rounding to
+  ``float_rounding`` (6) decimal places, so ``0.333333`` equals ``\\frac13``; an
+  integer gold needs an exactly equal value (``3.0`` equals ``3``, ``3.0000001`` not);
+* repeating decimals are exact: ``0.\\overline{3}`` equals ``\\frac13``;
+* ``1,000`` = ``1000`` (comma grouping only in a single number with 3-digit groups);
+  ``1{,}000`` and ``1\\,000`` too; ``1,5`` is the list 1, 5;
+* a percent sign is optional on either side: ``50\\%`` equals ``0.5`` and ``50``;
+* units in ``\\text{...}``, ``\\$`` and ``^\\circ`` are dropped (``30^\\circ`` is 30, not
+  ``\\pi/6``); ``x = 3`` equals ``3``; the letter ``i`` is the imaginary unit;
+* a bare list ``1, 2`` equals the set ``\\{1, 2\\}``; an explicit set never equals a tuple
+  or interval;
+* several adjacent boxes form one answer: ``\\boxed{3} or \\boxed{4}`` matches neither.
+
+Known disagreements with mathematical truth are listed in ``verifiers/README.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ggpo_verifiers.base import Verifier
+from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer
+from ggpo_verifiers.registry import register_verifier
+
+
+@register_verifier("math")
+class MathVerifier(Verifier):
+    """Math answer checker (1.0 if the final answer equals the gold, else 0.0).
+
+    Args:
+        fallbacks: Extraction rules tried in order when the response has no
+            ``\\boxed{}``: ``"answer_phrase"`` ("the answer is ...") and/or
+            ``"last_number"``. ``()`` requires a box.
+        float_rounding: Decimal places to which floats are compared.
+        max_answer_chars: Longer extracted answers are unparseable.
+        max_answer_depth: Answers nested deeper than this many brackets are unparseable.
+        tail_chars: Only the last this many characters of a response are searched.
+        **kwargs: Pool settings of ``Verifier`` (timeout, workers, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        fallbacks: Sequence[str] = FALLBACKS,
+        float_rounding: int = 6,
+        max_answer_chars: int = 1000,
+        max_answer_depth: int = 32,
+        tail_chars: int = 4000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fallbacks = checked_fallbacks(fallbacks)
+        self.float_rounding = float_rounding
+        self.max_answer_chars = max_answer_chars
+        self.max_answer_depth = max_answer_depth
+        self.tail_chars = tail_chars
+
+    def extract(self, response: str) -> str | None:
+        return final_answer(
+            response, self.fallbacks, self.tail_chars, self.max_answer_chars, self.max_answer_depth
+        )
+
+    def check(self, answer: str, gold: str) -> bool | None:
+        from ggpo_verifiers.equivalence import equivalent
+
+        return equivalent(answer, gold, self.float_rounding)
+
+    def check_gold(self, gold: str) -> None:
+        super().check_gold(gold)
+        from ggpo_verifiers.equivalence import parse_gold
+
+        parse_gold(gold)
+
+    def warmup(self) -> None:
+        from ggpo_verifiers.equivalence import equivalent, silence_math_verify
+
+        silence_math_verify()
+        equivalent("\\frac{1}{2}", "0.5")  # loads the LaTeX parser before the memory cap
