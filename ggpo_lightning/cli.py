@@ -10,11 +10,16 @@ import math
 
 import click
 
+from ggpo_verifiers.cli import verifiers_group
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ggpo-lightning")
 def main() -> None:
     """ggpo-lightning tools: the tabular lab, verifiers, and more."""
+
+
+main.add_command(verifiers_group, "verifiers")
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:

@@ -185,6 +185,19 @@ class GGPOModule(L.LightningModule):
         if self.verifier is None:
             self.verifier = get_verifier(self.verifier_spec, timeout=self.verifier_timeout)
         self.engine.to(self.device)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            self._validate_golds(datamodule.train_rows + datamodule.val_rows)
+
+    def _validate_golds(self, rows: list[PromptRow]) -> None:
+        """A gold answer the verifier cannot use is the dataset's fault: fail now, naming the row."""
+        from ggpo_verifiers import GoldAnswerError
+
+        try:
+            self.verifier.validate_golds([r.gold for r in rows])
+        except GoldAnswerError as exc:
+            row = rows[exc.index]
+            raise ValueError(f"{row.source}: {exc} (prompt id {row.id!r}); fix or drop the row") from exc
 
     def teardown(self, stage: str) -> None:
         if self.verifier is not None:
@@ -295,6 +308,7 @@ class GGPOModule(L.LightningModule):
             rollout_tokens_per_s=torch.tensor(self._rollout_tokens / max(self._rollout_seconds, 1e-9)),
         )
         self._rollout_seconds, self._rollout_tokens = 0.0, 0
+        metrics.update({k: torch.tensor(v) for k, v in self.verifier.reset_stats().as_dict(prefix="verifier/").items()})
         if not torch.isfinite(loss):
             return self._skip_nan_step(metrics)
         self._nan_streak = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import huggingface_hub
@@ -169,6 +170,16 @@ def test_ensure_raises_on_a_config_mismatch_naming_the_fields(built):
     assert str(path) in str(info.value)
 
 
+def test_ensure_rejects_a_folder_built_by_another_builder_version(tmp_path: Path):
+    config = TinyModelConfig(**{**TINY.__dict__, "sft_steps": 0})
+    path = build_tiny_model(tmp_path / "model", config)
+    record = json.loads((path / "tiny_model.json").read_text())
+    del record["build_version"]  # as written before the version was recorded
+    (path / "tiny_model.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="build_version: recorded None"):
+        ensure_tiny_model(path, config)
+
+
 def test_ensure_and_build_refuse_a_foreign_existing_folder(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="no tiny_model.json"):
@@ -222,6 +233,20 @@ def test_uncached_hub_id_offline_raises_a_clear_error():
         with pytest.raises(OSError, match="neither a local folder nor a model in the Hugging Face cache") as info:
             load("ggpo-test-org/no-such-model")
         assert "hf download ggpo-test-org/no-such-model" in str(info.value)
+
+
+def test_cached_hub_id_loads_offline(built, tmp_path: Path):
+    path, in_memory = built
+    # The hub cache layout: models--{org}--{name}/refs/main -> commit, snapshots/{commit}/files.
+    commit = "0" * 40
+    repo = tmp_path / "models--ggpo-test-org--tiny"
+    shutil.copytree(path, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    model = load_causal_lm("ggpo-test-org/tiny", cache_dir=tmp_path)
+    tokenizer = load_tokenizer("ggpo-test-org/tiny", cache_dir=tmp_path)
+    assert tokenizer.tokenize("17+25=42") == list("17+25=42")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), in_memory.state_dict().values()))
 
 
 def test_load_causal_lm_dtype(built):

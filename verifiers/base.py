@@ -18,8 +18,8 @@ repeated (gold, answer) pairs come from an in-memory cache. Outcome counts accum
 
 A verifier object is picklable (its worker pool is not pickled; a copy, e.g. in a
 DataLoader worker, starts its own workers on first use) and safe to call from any
-thread (calls are serialized). ``close()`` stops the workers; a later call starts new
-ones. Use it as a context manager to close it on exit.
+thread (concurrent batches take turns on the workers). ``close()`` stops the workers; a
+later call starts new ones. Use it as a context manager to close it on exit.
 """
 
 from __future__ import annotations
@@ -235,36 +235,11 @@ class Verifier(abc.ABC):
         """Like ``score_batch`` but with the status of each score."""
         if len(responses) != len(golds):
             raise ValueError(f"got {len(responses)} responses but {len(golds)} golds")
-        outcomes: list[Outcome | None] = [None] * len(responses)
-        pending: dict[tuple[str, str], list[int]] = {}  # (answer, gold) -> response indices
-        for i, (response, gold) in enumerate(zip(responses, golds)):
-            _require_str(response, "response", i)
-            _require_str(gold, "gold", i)
-            try:
-                answer = self.extract(response)
-            except Exception:  # a plugin's extract failing on odd text is an outcome
-                outcomes[i] = Outcome(0.0, Status.CRASHED)
-                continue
-            if answer is None:
-                outcomes[i] = Outcome(0.0, Status.UNPARSEABLE)
-            else:
-                pending.setdefault((answer, gold), []).append(i)
+        outcomes, pending = self._extract_answers(responses, golds)
         verdicts = self._cached(pending)
         fresh = self._run("check", [key for key in pending if key not in verdicts])
-        with self._lock:
-            for key, (status, score, _) in fresh.items():
-                verdicts[key] = Outcome(score, status)
-                if status in _CACHEABLE and self.cache_size:
-                    self._cache[key] = verdicts[key]
-                    if len(self._cache) > self.cache_size:
-                        self._cache.popitem(last=False)
-            for key, indices in pending.items():
-                for i in indices:
-                    outcomes[i] = verdicts[key]
-            self._stats.cache_hits += sum(map(len, pending.values())) - len(fresh)
-            for outcome in outcomes:
-                self._stats.add(outcome.status)  # type: ignore[union-attr]
-        bad_golds = sum(o.status is Status.BAD_GOLD for o in outcomes)  # type: ignore[union-attr]
+        self._record(outcomes, pending, verdicts, fresh)
+        bad_golds = sum(outcome.status is Status.BAD_GOLD for outcome in outcomes)
         if bad_golds:
             logger.warning(
                 "%s verifier: %d response(s) scored 0.0 because their gold answer is unusable; "
@@ -272,7 +247,7 @@ class Verifier(abc.ABC):
                 self.name or type(self).__name__,
                 bad_golds,
             )
-        return outcomes  # type: ignore[return-value]
+        return outcomes
 
     def validate_gold(self, gold: str) -> None:
         """Raise ``GoldAnswerError`` if ``gold`` cannot be used by this verifier."""
@@ -340,10 +315,51 @@ class Verifier(abc.ABC):
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._stats = VerifierStats()
-        self._cache: OrderedDict[tuple[str, str], Outcome] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, ...], Outcome] = OrderedDict()
         self._pool: WorkerPool | None = None
 
-    def _cached(self, pending: dict[tuple[str, str], list[int]]) -> dict[tuple[str, str], Outcome]:
+    def _extract_answers(
+        self, responses: Sequence[str], golds: Sequence[str]
+    ) -> tuple[list[Outcome], dict[tuple[str, ...], list[int]]]:
+        """Outcomes of responses without an answer (placeholders elsewhere), and the
+        indices of the others grouped by their (answer, gold) pair."""
+        outcomes = [Outcome(0.0, Status.UNPARSEABLE)] * len(responses)
+        pending: dict[tuple[str, ...], list[int]] = {}  # (answer, gold) -> indices
+        for i, (response, gold) in enumerate(zip(responses, golds)):
+            _require_str(response, "response", i)
+            _require_str(gold, "gold", i)
+            try:
+                answer = self.extract(response)
+            except Exception:  # a plugin's extract failing on odd text is an outcome
+                outcomes[i] = Outcome(0.0, Status.CRASHED)
+                continue
+            if answer is not None:
+                pending.setdefault((answer, gold), []).append(i)
+        return outcomes, pending
+
+    def _record(
+        self,
+        outcomes: list[Outcome],
+        pending: dict[tuple[str, ...], list[int]],
+        verdicts: dict[tuple[str, ...], Outcome],
+        fresh: dict[tuple[str, ...], tuple[Status, float, str]],
+    ) -> None:
+        """Fill ``outcomes`` from cached and fresh verdicts; update cache and stats."""
+        with self._lock:
+            for key, (status, score, _) in fresh.items():
+                verdicts[key] = Outcome(score, status)
+                if status in _CACHEABLE and self.cache_size:
+                    self._cache[key] = verdicts[key]
+                    if len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+            for key, indices in pending.items():
+                for i in indices:
+                    outcomes[i] = verdicts[key]
+            self._stats.cache_hits += sum(map(len, pending.values())) - len(fresh)
+            for outcome in outcomes:
+                self._stats.add(outcome.status)
+
+    def _cached(self, pending: dict[tuple[str, ...], list[int]]) -> dict[tuple[str, ...], Outcome]:
         with self._lock:
             hits = {key: self._cache[key] for key in pending if key in self._cache}
             for key in hits:

@@ -53,8 +53,13 @@ def has_math(parsed: list) -> bool:
 
 
 @lru_cache(maxsize=4096)
+def _normalized(gold: str) -> str:
+    return normalize_latex_answer(gold)
+
+
+@lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> list:
-    return parse_latex(normalize_latex_answer(gold))
+    return parse_latex(_normalized(gold))
 
 
 def parse_gold(gold: str) -> list:
@@ -80,10 +85,12 @@ def equivalent(answer: str, gold: str, float_rounding: int = 6) -> bool | None:
     """
     gold_parsed = parse_gold(gold)
     answer = normalize_latex_answer(answer)
+    if answer == _normalized(gold):
+        return True  # the same text denotes the same object: skip parsing (common in RL)
     answer_parsed = parse_latex(answer)
     if not answer_parsed:
         return None
-    kinds = {container_kind(answer), container_kind(normalize_latex_answer(gold))}
+    kinds = {container_kind(answer), container_kind(_normalized(gold))}
     if kinds == {"set", "sequence"}:
         return False
     return verify(

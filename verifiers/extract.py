@@ -11,8 +11,9 @@ Extraction policy (``final_answer``), first rule that yields an answer wins:
    it, separated only by ``,``/``and``/``or``/``$``/whitespace, are part of the same answer
    and joined with ``", "``: ``\\boxed{3} or \\boxed{4}`` is the hedged answer ``3, 4``
    (which matches neither ``3`` nor ``4``), ``\\boxed{1}, \\boxed{2}`` is ``1, 2``.
-2. ``answer_phrase`` (fallback): the text after the last "answer is", "answer:" or
-   "final answer:", up to the end of its sentence or line.
+2. ``answer_phrase`` (fallback): after the last "answer is", "answer:" or "answer =":
+   its first math segment (``$...$``), else a leading number followed by words
+   ("12 apples" is 12; "1 + x" is not 1), else the rest of the sentence.
 3. ``last_number`` (fallback): the last number (``-12``, ``3.5``, ``1,000``, ``3/4``).
 
 An answer longer than ``max_chars`` or nested deeper than ``max_depth`` brackets is

@@ -134,9 +134,13 @@ class WorkerPool:
         batch = _Batch(tasks, [None] * len(tasks), deque(range(len(tasks))), len(tasks))
         with self._lock:
             self._fill()
-            while batch.remaining:
-                self._dispatch(batch)
-                self._wait(batch)
+            try:
+                while batch.remaining:
+                    self._dispatch(batch)
+                    self._wait(batch)
+            except BaseException:  # e.g. KeyboardInterrupt: late results must not leak
+                self._drop_busy()  # into the next batch, so drop the workers owing them
+                raise
         return batch.results
 
     def close(self) -> None:
@@ -163,9 +167,17 @@ class WorkerPool:
         finally:
             child_end.close()
         conn = Connection(parent_end.detach())
-        conn.send_bytes(pickle.dumps(sys.path))
-        conn.send_bytes(self._init_message)
+        try:
+            conn.send_bytes(pickle.dumps(sys.path))
+            conn.send_bytes(self._init_message)
+        except OSError:
+            pass  # it died at once: reading its socket reports a startup death
         return _Worker(proc, conn, deadline=time.monotonic() + self._startup_timeout)
+
+    def _drop_busy(self) -> None:
+        for worker in [w for w in self._workers if w.task is not None]:
+            _kill(worker)
+            self._workers.remove(worker)
 
     def _replace(self, worker: _Worker) -> None:
         _kill(worker)
@@ -212,9 +224,12 @@ class WorkerPool:
             self._replace(worker)
             return
         index, code, score = RESULT_BODY.unpack(body)
-        status = Status(code) if code in Status._value2member_map_ else Status.CRASHED
-        if index != worker.task:
-            status, score = Status.CRASHED, 0.0
+        try:
+            status = Status(code) if index == worker.task else Status.CRASHED
+        except ValueError:  # not a status code: a protocol violation
+            status = Status.CRASHED
+        if status is Status.CRASHED:
+            score = 0.0
         reason = message[1 + RESULT_BODY.size :].decode("utf-8", "replace")
         self._finish(worker, batch, status, score, reason)
         if status is Status.CRASHED or worker.done >= self._max_tasks:

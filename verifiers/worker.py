@@ -75,6 +75,9 @@ def _limit_resources(memory_limit_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_limit_mb is not None:
         limit = memory_limit_mb * 2**20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)  # an unprivileged process cannot raise its hard limit
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 

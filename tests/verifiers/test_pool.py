@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
 
@@ -132,3 +134,52 @@ def test_timeouts_are_not_cached_across_batches(hostile_module) -> None:
         assert verifier.stats.cache_hits == 1  # duplicates within a batch run once
         assert statuses(verifier, ["spin", "ok"]) == [Status.TIMEOUT, Status.CORRECT]
         assert (verifier.stats.cache_hits, verifier.stats.timeout) == (1, 3)
+
+
+def test_an_interrupted_batch_does_not_leak_results_into_the_next(hostile_module, monkeypatch) -> None:
+    with hostile_module.HostileVerifier(workers=2, timeout=10.0, cache_size=0) as verifier:
+        verifier.score("ok", "g")
+        pool = verifier._pool
+
+        def interrupted(batch) -> None:
+            raise KeyboardInterrupt  # as if Ctrl-C arrived while both checks were running
+
+        monkeypatch.setattr(pool, "_wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            verifier.score_batch(["ok", "ok"], ["g", "g"])
+        monkeypatch.undo()
+        assert verifier.score_batch(["wrong", "wrong", "half"], ["g"] * 3) == [0.0, 0.0, 0.5]
+
+
+ORPHAN_SCRIPT = """
+import os, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+from hostile_verifiers import HostileVerifier
+verifier = HostileVerifier(workers=2, timeout=60.0, cache_size=0)
+verifier.score("ok", "g")
+print(*verifier._pool.pids, flush=True)
+threading.Thread(target=verifier.score_batch, args=(["c_hang"], ["g"]), daemon=True).start()
+threading.Event().wait(0.5)  # let the hang reach one worker; the other stays idle
+os.kill(os.getpid(), signal.SIGKILL)  # no cleanup code runs
+"""
+
+
+def test_workers_do_not_outlive_a_killed_parent(hostile_module) -> None:
+    folder = os.path.dirname(hostile_module.__file__)
+    parent = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, folder], capture_output=True, text=True, timeout=60)
+    pids = [int(pid) for pid in parent.stdout.split()]
+    assert len(pids) == 2, parent.stderr
+    deadline = time.monotonic() + 10.0  # idle: exits at once; busy: its watchdog polls each second
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _running(pid)}
+        threading.Event().wait(0.1)
+    assert not alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
