@@ -14,4 +14,4 @@ test-slow: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
 
 quickstart: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/ggpo tabular --steps 1500 --plot runs/tabular.png
+	HF_HUB_OFFLINE=1 $(VENV)/bin/ggpo-train --config recipes/quickstart.yaml

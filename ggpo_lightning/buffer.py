@@ -29,11 +29,12 @@ import math
 import numbers
 import os
 import random
-import uuid
 from dataclasses import dataclass, fields
 from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
+
+from ggpo_lightning.atomic import atomic_open
 
 __all__ = ["DRAW_POLICIES", "FORMAT", "FORMAT_VERSION", "BehaviorBuffer", "RolloutGroup"]
 
@@ -476,22 +477,10 @@ class BehaviorBuffer:
         ``path`` only once fully written and synced; on any error ``path`` is left as it
         was and the temporary file is removed. Parent directories are created.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        # os.open with mode 0o666 honours the umask, like a plain open() would.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write(_dumps({"format": FORMAT, "format_version": FORMAT_VERSION}) + "\n")
-                for group in self._store.values():
-                    f.write(_dumps(group.to_dict()) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_open(path) as f:
+            f.write(_dumps({"format": FORMAT, "format_version": FORMAT_VERSION}) + "\n")
+            for group in self._store.values():
+                f.write(_dumps(group.to_dict()) + "\n")
 
     @classmethod
     def load_jsonl(cls, path: str | os.PathLike[str], **kwargs: Any) -> BehaviorBuffer:

@@ -12,7 +12,9 @@ from typing import Any
 
 import lightning as L
 
-__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary", "write_json_atomic"]
+from ggpo_lightning.atomic import atomic_write_text
+
+__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary"]
 
 
 class _EveryNUpdates(L.Callback):
@@ -106,7 +108,7 @@ class RunSummary(L.Callback):
             "final_model": str(run_dir / "final_model") if self.export else None,
         }
         path = run_dir / "summary.json"
-        write_json_atomic(path, summary)
+        atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
         self._print_table(summary)
         print(f"summary written to {path}", flush=True)
 

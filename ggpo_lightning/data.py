@@ -19,7 +19,7 @@ import json
 import os
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 
-__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_prompt_rows"]
+__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_dataset_rows", "load_prompt_rows"]
 
 MODES = ("online", "offline")
 
@@ -93,9 +93,35 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist")
+    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in _read_records(path))
+    return _rows(records, str(path), prompt_field, answer_field, id_field, template)
+
+
+def load_dataset_rows(name: str, split: str, config_name: str | None = None, prompt_field: str = "problem",
+                      answer_field: str = "answer", id_field: str | None = "id",
+                      template: str = "{prompt}") -> list[PromptRow]:
+    """Prompts and gold answers from a Hugging Face ``datasets`` dataset (a hub name or a local path).
+
+    Uses ``datasets.load_dataset(name, config_name, split=split)``, so with
+    ``HF_HUB_OFFLINE=1`` only cached or local datasets load. Errors name the row as
+    ``name[split]:index``.
+    """
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"data.dataset {name!r} needs the datasets package (pip install datasets), "
+                          "or give data.train_path as a JSONL/Parquet file") from exc
+    table = datasets.load_dataset(name, config_name, split=split)
+    label = f"{name}[{split}]"
+    records = ((f"{label}:{i}", f"{label}:{i}", record) for i, record in enumerate(table))
+    return _rows(records, label, prompt_field, answer_field, id_field, template)
+
+
+def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: str, answer_field: str,
+          id_field: str | None, template: str) -> list[PromptRow]:
+    """PromptRows of ``(where, default id, record)`` triples; errors name ``where``."""
     rows = []
-    for number, record in _read_records(path):
-        where = f"{path}:{number}"
+    for where, default_id, record in records:
         for field in (prompt_field, answer_field):
             if record.get(field) is None:
                 raise ValueError(
@@ -106,10 +132,10 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
             prompt = template.format(**{**record, "prompt": record[prompt_field]})
         except KeyError as exc:
             raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
-        row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else f"{path.name}:{number}"
+        row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else default_id
         rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
     if not rows:
-        raise ValueError(f"{path}: no prompts found")
+        raise ValueError(f"{label}: no prompts found")
     return rows
 
 
@@ -132,8 +158,12 @@ class PromptGroupDataModule(L.LightningDataModule):
     """Prompts in, whole prompt groups out.
 
     Args:
-        train_path: training prompts (JSONL or Parquet).
+        train_path: training prompts (JSONL or Parquet); or give ``dataset``.
         val_path: held-out prompts for accuracy (JSONL or Parquet); None = no validation.
+        dataset: a ``datasets`` dataset (hub name or local path) instead of files.
+        dataset_config: the dataset's configuration name, if it has several.
+        train_split: ``dataset``'s split for training.
+        val_split: ``dataset``'s split for held-out accuracy; None = no validation.
         prompt_field: record field with the problem text.
         answer_field: record field with the gold answer.
         id_field: record field with a stable id (missing ids become ``file:line``).
@@ -144,7 +174,8 @@ class PromptGroupDataModule(L.LightningDataModule):
         prompts_per_step: prompt groups in one optimizer step.
         buffer_path: offline mode: a buffer JSONL file to train on (no generation at all).
         offline_prompts: offline mode without ``buffer_path``: how many training prompts
-            to roll out once (None = all).
+            to roll out once (None = all); the result is saved as ``behavior_buffer.jsonl``
+            in the run directory, ready to be a later run's ``buffer_path``.
         buffer_draw: draw policy (``fifo``, ``newest``, ``uniform``); None = ``fifo``
             online (each fresh group used once), ``uniform`` offline (replay).
         buffer_capacity: most groups kept (oldest evicted first); None = unbounded.
@@ -156,8 +187,12 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        train_path: str,
+        train_path: str | None = None,
         val_path: str | None = None,
+        dataset: str | None = None,
+        dataset_config: str | None = None,
+        train_split: str = "train",
+        val_split: str | None = "test",
         prompt_field: str = "prompt",
         answer_field: str = "answer",
         id_field: str | None = "id",
@@ -175,6 +210,12 @@ class PromptGroupDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         errors = []
+        if (train_path is None) == (dataset is None):
+            errors.append("give exactly one of data.train_path (a JSONL/Parquet file) and data.dataset "
+                          f"(a datasets name), got train_path={train_path!r}, dataset={dataset!r}")
+        if dataset is not None and (val_path is not None or synthetic is not None):
+            errors.append("data.val_path and data.synthetic go with data.train_path; with data.dataset "
+                          "use data.val_split")
         if mode not in MODES:
             errors.append(f"data.mode must be one of {MODES}, got {mode!r}")
         if prompts_per_step < 1:
@@ -186,6 +227,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         if errors:
             raise ValueError("invalid data settings:\n  " + "\n  ".join(errors))
         self.train_path, self.val_path = train_path, val_path
+        self.dataset = dict(name=dataset, config_name=dataset_config, train_split=train_split, val_split=val_split)
         self.fields = dict(prompt_field=prompt_field, answer_field=answer_field, id_field=id_field,
                            template=prompt_template)
         self.synthetic = synthetic
@@ -213,9 +255,18 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if not self.train_rows:
-            self.train_rows = load_prompt_rows(self.train_path, **self.fields)
-        if self.val_path and not self.val_rows:
-            self.val_rows = load_prompt_rows(self.val_path, **self.fields)[: self.val_size]
+            self.train_rows = self._load(self.train_path, self.dataset["train_split"])
+        if not self.val_rows:
+            val = self._load(self.val_path, self.dataset["val_split"])
+            self.val_rows = val[: self.val_size]
+
+    def _load(self, path: str | None, split: str | None) -> list[PromptRow]:
+        name = self.dataset["name"]
+        if name is None:
+            return load_prompt_rows(path, **self.fields) if path else []
+        if split is None:
+            return []
+        return load_dataset_rows(name, split, self.dataset["config_name"], **self.fields)
 
     def train_dataloader(self) -> DataLoader:
         # The stream must run in this process: it drives the rollout engine's model.
@@ -281,4 +332,9 @@ class PromptGroupDataModule(L.LightningDataModule):
             rows = self.next_prompts(count)
             for start in range(0, count, self.prompts_per_step):
                 self.buffer.add(module.rollout(rows[start:start + self.prompts_per_step]))
+            # The generated data set, reusable as data.buffer_path (same data, no generation).
+            path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "behavior_buffer.jsonl"
+            if self.trainer.is_global_zero:
+                self.buffer.save_jsonl(path)
+                print(f"offline behavior data ({len(self.buffer)} groups) saved to {path}", flush=True)
         self._filled = True

@@ -88,8 +88,12 @@ class GGPOModule(L.LightningModule):
         logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
         gradient_checkpointing: recompute activations in backward (less memory, more time).
         max_nan_steps: stop after this many non-finite losses in a row.
-        eval_max_new_tokens: response length for held-out accuracy (greedy decoding).
+        eval_max_new_tokens: response length for held-out accuracy.
+        eval_temperature: held-out accuracy decoding: 0 = greedy pass@1; > 0 = one sample
+            per prompt at this temperature (top-p from ``rollout.sampling``).
         eval_batch_size: prompts per generation call during evaluation.
+        chat_template: wrap each prompt as a user turn with the tokenizer's chat template
+            (instruction-tuned models); False = the prompt text as it is (base models).
     """
 
     def __init__(
@@ -109,12 +113,14 @@ class GGPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         max_nan_steps: int = 10,
         eval_max_new_tokens: int | None = None,
+        eval_temperature: float = 0.0,
         eval_batch_size: int = 256,
+        chat_template: bool = False,
     ) -> None:
         super().__init__()
         self.rollout_config = rollout or RolloutConfig()
         self._validate(objective, beta, verifier, self.rollout_config, ref_refresh_every, clip_eps, kl_estimator,
-                       max_nan_steps)
+                       max_nan_steps, eval_temperature)
         self.objective = get_objective(objective)
         self.beta = beta
         self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
@@ -124,12 +130,17 @@ class GGPOModule(L.LightningModule):
         self.logprob_chunk_size = logprob_chunk_size
         self.max_nan_steps = max_nan_steps
         self.eval_max_new_tokens = eval_max_new_tokens or self.rollout_config.sampling.max_new_tokens
+        self.eval_temperature = eval_temperature
         self.eval_batch_size = eval_batch_size
 
         if tiny_model is not None:
             ensure_tiny_model(model_name_or_path, tiny_model)
         self.model_name_or_path = model_name_or_path
         self.tokenizer = load_tokenizer(model_name_or_path)
+        if chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model.chat_template is true but the tokenizer of {model_name_or_path} has no chat "
+                             "template; set model.chat_template: false or use an instruction-tuned model")
+        self.chat_template = chat_template
         self.learner = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
         if gradient_checkpointing:
             self.learner.gradient_checkpointing_enable()
@@ -142,11 +153,13 @@ class GGPOModule(L.LightningModule):
         self._nan_streak = 0
         self._rollout_seconds = 0.0
         self._rollout_tokens = 0
+        self._train_clock: tuple[float, int] | None = None
         self.generated_samples = 0
 
     @staticmethod
     def _validate(objective: str, beta: float, verifier: str | dict, rollout: RolloutConfig,
-                  ref_refresh_every: int, clip_eps: float, kl_estimator: str, max_nan_steps: int) -> None:
+                  ref_refresh_every: int, clip_eps: float, kl_estimator: str, max_nan_steps: int,
+                  eval_temperature: float) -> None:
         """All configuration errors at once, before any model is loaded."""
         from ggpo_verifiers import available_verifiers
 
@@ -168,6 +181,8 @@ class GGPOModule(L.LightningModule):
             errors.append(f"model.kl_estimator must be k1, k2 or k3, got {kl_estimator!r}")
         if max_nan_steps < 1:
             errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
+        if not (math.isfinite(eval_temperature) and eval_temperature >= 0):
+            errors.append(f"model.eval_temperature must be >= 0 (0 = greedy), got {eval_temperature}")
         if rollout.k < 2:
             errors.append(f"model.rollout.k must be >= 2 (GGPO contrasts responses within a group), got {rollout.k}")
         if rollout.sync_every < 1:
@@ -215,6 +230,10 @@ class GGPOModule(L.LightningModule):
     # ------------------------------------------------------------------ rollout
 
     def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt: as it is, or as a user turn of the chat template."""
+        if self.chat_template:
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                           add_generation_prompt=True, tokenize=True))
         return self.tokenizer(text)["input_ids"]
 
     @torch.no_grad()
@@ -308,15 +327,28 @@ class GGPOModule(L.LightningModule):
             rollout_tokens_per_s=torch.tensor(self._rollout_tokens / max(self._rollout_seconds, 1e-9)),
         )
         self._rollout_seconds, self._rollout_tokens = 0.0, 0
-        metrics.update({k: torch.tensor(v) for k, v in self.verifier.reset_stats().as_dict(prefix="verifier/").items()})
+        verifier_stats = self.verifier.reset_stats().as_dict(prefix="verifier/")
+        metrics.update({k: torch.tensor(float(v)) for k, v in verifier_stats.items()})
         if not torch.isfinite(loss):
             return self._skip_nan_step(metrics)
         self._nan_streak = 0
-        metrics["train_seconds"] = torch.tensor(time.perf_counter() - start)
+        self._train_clock = (start, int(batch["attention_mask"].sum()))  # read after the update
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=len(groups))
         self.log("train/reward", metrics.pop("reward"), prog_bar=True, batch_size=len(groups))
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Here the backward pass and the optimizer update are done: the step's full training time.
+        if self._train_clock is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start, tokens = self._train_clock
+        seconds = time.perf_counter() - start
+        self._train_clock = None
+        self.log_dict({"train/train_seconds": seconds, "train/train_tokens_per_s": tokens / max(seconds, 1e-9)},
+                      batch_size=1)
 
     def _skip_nan_step(self, metrics: dict[str, Tensor]) -> None:
         self.nan_steps += 1
@@ -352,12 +384,16 @@ class GGPOModule(L.LightningModule):
 
     @torch.no_grad()
     def evaluate(self, rows: list[PromptRow]) -> float:
-        """Held-out accuracy (pass@1, greedy decoding) of the learner on ``rows``."""
+        """Held-out accuracy (pass@1: greedy, or one sample at ``eval_temperature``) of the learner on ``rows``."""
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
         was_training = self.learner.training
         self.learner.eval()
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        decoding: dict[str, Any] = {"do_sample": False}
+        if self.eval_temperature > 0:
+            decoding = {"do_sample": True, "temperature": self.eval_temperature,
+                        "top_p": self.rollout_config.sampling.top_p, "top_k": 0}
         texts = []
         for start in range(0, len(rows), self.eval_batch_size):
             prompts = [self.encode_prompt(r.prompt) for r in rows[start:start + self.eval_batch_size]]
@@ -365,7 +401,7 @@ class GGPOModule(L.LightningModule):
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
             attention = (torch.arange(width, device=self.device) >= torch.tensor(
                 [width - len(p) for p in prompts], device=self.device).unsqueeze(-1)).long()
-            out = self.learner.generate(input_ids=ids, attention_mask=attention, do_sample=False,
+            out = self.learner.generate(input_ids=ids, attention_mask=attention, **decoding,
                                         max_new_tokens=self.eval_max_new_tokens, pad_token_id=pad, eos_token_id=eos)
             texts.extend(self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True))
         self.learner.train(was_training)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -34,11 +35,20 @@ class GGPOTrainCLI(LightningCLI):
 
 
 def _recipe_name(config_paths: list) -> str | None:
-    return Path(str(config_paths[-1])).stem if config_paths else None
+    """``quickstart`` for one config; ``qwen3-1.7b-math+grpo`` for a base recipe plus an overlay."""
+    return "+".join(Path(str(p)).stem for p in config_paths) or None
+
+
+# Lightning warnings that describe this trainer's design, not a user's mistake: the
+# frozen reference is in eval mode on purpose; the dataloader_iter step is what keeps
+# rollouts from being prefetched ahead of the weight sync.
+_EXPECTED_WARNINGS = (r".*module\(s\) in eval mode.*", r".*dataloader_iter.*")
 
 
 def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     """Parse a recipe (and overrides), train, and return the CLI (its ``trainer``, ``model``, ...)."""
+    for pattern in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
     cli = GGPOTrainCLI(
         GGPOModule,
         PromptGroupDataModule,

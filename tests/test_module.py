@@ -151,9 +151,9 @@ def test_offline_mode_generates_only_once(tiny_model_dir, data_dir):
 def test_offline_from_a_buffer_file_never_generates(tiny_model_dir, data_dir, tmp_path):
     module = make_module(tiny_model_dir)
     dm = make_data(data_dir, mode="offline", offline_prompts=6)
-    fit(module, dm, steps=1)
-    path = tmp_path / "buffer.jsonl"
-    dm.buffer.save_jsonl(path)
+    fit(module, dm, steps=1, tmp_path=tmp_path)
+    path = tmp_path / "behavior_buffer.jsonl"  # the generated offline data, saved by the first run
+    assert path.is_file()
 
     module2 = make_module(tiny_model_dir)
     module2.engine.generate = lambda *a, **k: pytest.fail("offline training from a file must not generate")

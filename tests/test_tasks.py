@@ -12,6 +12,7 @@ import pytest
 
 from ggpo_lightning.tasks import ArithmeticTask, write_splits
 from ggpo_lightning.tasks import arithmetic
+from ggpo_lightning import atomic
 
 PROBLEM = re.compile(r"(\d+)([+\-*])(\d+)=")
 
@@ -90,7 +91,7 @@ def test_existing_splits_with_same_parameters_are_reused_without_writing(tmp_pat
     def no_write(path, text):
         raise AssertionError(f"rewrote {path}")
 
-    monkeypatch.setattr(arithmetic, "_atomic_write_text", no_write)
+    monkeypatch.setattr(arithmetic, "atomic_write_text", no_write)
     assert write_splits(task, tmp_path, n_train=50, n_test=10, seed=0) == first
     assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
 
@@ -111,19 +112,19 @@ def test_foreign_split_files_are_not_overwritten(tmp_path: Path):
 
 
 def test_interrupted_write_leaves_no_partial_file_and_a_rerun_completes(tmp_path, monkeypatch):
-    real_replace = arithmetic.os.replace
+    real_replace = atomic.os.replace
 
     def crash_on_test_file(src, dst):
         if Path(dst).name == "test.jsonl":
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(arithmetic.os, "replace", crash_on_test_file)
+    monkeypatch.setattr(atomic.os, "replace", crash_on_test_file)
     with pytest.raises(KeyboardInterrupt):
         write_splits(ArithmeticTask(), tmp_path, n_train=20, n_test=10, seed=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["task.json", "train.jsonl"]  # no temp files
 
-    monkeypatch.setattr(arithmetic.os, "replace", real_replace)
+    monkeypatch.setattr(atomic.os, "replace", real_replace)
     train, test = write_splits(ArithmeticTask(), tmp_path, n_train=20, n_test=10, seed=0)
     assert len(read_rows(train)) == 20 and len(read_rows(test)) == 10
 

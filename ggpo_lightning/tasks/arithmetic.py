@@ -13,13 +13,13 @@ Typical use::
 from __future__ import annotations
 
 import json
-import os
 import random
-import uuid
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator
+
+from ggpo_lightning.atomic import atomic_write_text
 
 __all__ = ["ArithmeticTask", "write_splits"]
 
@@ -102,19 +102,6 @@ def _distinct(task: ArithmeticTask, seed: int, n: int, exclude: set[str]) -> lis
     return rows
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` so that readers see either the old file or the complete new one."""
-    # A unique name in the same directory: os.replace is atomic only within one file system.
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return [
         f"{key}: recorded {recorded.get(key)!r}, requested {wanted.get(key)!r}"
@@ -166,9 +153,9 @@ def write_splits(
 
     directory.mkdir(parents=True, exist_ok=True)
     # The record goes first: once it exists, missing split files are ours to (re)write.
-    _atomic_write_text(record_path, json.dumps(params, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(record_path, json.dumps(params, indent=2, sort_keys=True) + "\n")
     test_rows = _distinct(task, 2 * seed + 1, n_test, exclude=set())
     train_rows = _distinct(task, 2 * seed, n_train, exclude={row["prompt"] for row in test_rows})
     for path, rows in ((train_path, train_rows), (test_path, test_rows)):
-        _atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
     return train_path, test_path

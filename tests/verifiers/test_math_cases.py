@@ -126,7 +126,7 @@ EQUIVALENT = [
     # where the answer is in the response
     (rf"{B}{{\frac{{\sqrt{{3}}}}{{2}}}}", r"\frac{\sqrt3}{2}"),
     (rf"First {B}{{3}}. Wait, that is wrong; recomputing gives {B}{{4}}.", "4"),
-    (rf"$\boxed{{1}}$ and $\boxed{{2}}$", r"\{1,2\}"),
+    (r"$\boxed{1}$ and $\boxed{2}$", r"\{1,2\}"),
     ("So the answer is 7.", "7"),
     ("The final answer is: $\\frac{3}{4}$.", "0.75"),
     ("We get 3 + 4 = 7", "7"),
