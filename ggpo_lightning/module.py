@@ -39,7 +39,7 @@ from ggpo_lightning.data import PromptRow
 from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
 from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
 from ggpo_lightning.objectives import get_objective, ggpo_diagnostics
-from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig
+from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig, generate_responses
 
 __all__ = ["GGPOModule", "RolloutConfig"]
 
@@ -232,8 +232,9 @@ class GGPOModule(L.LightningModule):
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a prompt: as it is, or as a user turn of the chat template."""
         if self.chat_template:
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True))
+            encoded = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=True)
+            return list(encoded["input_ids"])
         return self.tokenizer(text)["input_ids"]
 
     @torch.no_grad()
@@ -384,27 +385,28 @@ class GGPOModule(L.LightningModule):
 
     @torch.no_grad()
     def evaluate(self, rows: list[PromptRow]) -> float:
-        """Held-out accuracy (pass@1: greedy, or one sample at ``eval_temperature``) of the learner on ``rows``."""
+        """Held-out accuracy (pass@1: greedy, or one sample at ``eval_temperature``) of the learner on ``rows``.
+
+        Sampled evaluation draws from a forked, fixed-seed RNG: it neither consumes nor
+        depends on the training RNG, so validation does not change the rollouts that follow.
+        """
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
-        was_training = self.learner.training
-        self.learner.eval()
-        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         decoding: dict[str, Any] = {"do_sample": False}
         if self.eval_temperature > 0:
             decoding = {"do_sample": True, "temperature": self.eval_temperature,
                         "top_p": self.rollout_config.sampling.top_p, "top_k": 0}
-        texts = []
-        for start in range(0, len(rows), self.eval_batch_size):
-            prompts = [self.encode_prompt(r.prompt) for r in rows[start:start + self.eval_batch_size]]
-            width = max(len(p) for p in prompts)
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
-            attention = (torch.arange(width, device=self.device) >= torch.tensor(
-                [width - len(p) for p in prompts], device=self.device).unsqueeze(-1)).long()
-            out = self.learner.generate(input_ids=ids, attention_mask=attention, **decoding,
-                                        max_new_tokens=self.eval_max_new_tokens, pad_token_id=pad, eos_token_id=eos)
-            texts.extend(self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True))
+        was_training = self.learner.training
+        self.learner.eval()
+        responses: list[list[int]] = []
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(0)
+            for start in range(0, len(rows), self.eval_batch_size):
+                prompts = [self.encode_prompt(r.prompt) for r in rows[start:start + self.eval_batch_size]]
+                responses.extend(generate_responses(self.learner, self.tokenizer, prompts, self.eval_max_new_tokens,
+                                                    **decoding))
         self.learner.train(was_training)
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         scores = self.verifier.score_batch(texts, [r.gold for r in rows])
         return sum(scores) / len(scores)
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 
-__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig"]
+__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig", "generate_responses"]
 
 
 @dataclass
@@ -133,18 +133,25 @@ class HFGenerateEngine:
         return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
 
     def _sample(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[int]]:
-        """One ``generate`` call on left-padded prompts; responses cut after the first EOS."""
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [B, P]
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        result = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens, pad_token_id=pad,
-            eos_token_id=eos,
-        )
-        responses = []
-        for seq in result[:, width:].tolist():  # [B, T]
-            responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
-        return responses
+        return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, do_sample=True,
+                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+
+
+@torch.no_grad()
+def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int,
+                       **decoding) -> list[list[int]]:
+    """One ``model.generate`` call on left-padded prompts; each response cut after its first EOS.
+
+    ``decoding`` goes to ``generate`` (``do_sample``, ``temperature``, ``top_p``, ...).
+    """
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [B, P]
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    result = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                            pad_token_id=pad, eos_token_id=eos, **decoding)
+    responses = []
+    for seq in result[:, width:].tolist():  # [B, T]
+        responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
+    return responses

@@ -209,3 +209,39 @@ def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_
     assert module.nan_steps == 3 and trainer.global_step == 3
     assert all(torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
     assert (tmp_path / "nan-stop.ckpt").is_file()
+
+
+def test_an_unusable_gold_answer_fails_at_setup_naming_file_and_line(tiny_model_dir, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "\\\\frac{1}{"}\n')
+    module = make_module(tiny_model_dir, verifier="math")
+    module.engine.generate = lambda *a, **k: pytest.fail("no rollout before the data is checked")
+    with pytest.raises(ValueError, match=rf"{train}:2: .*fix or drop the row"):
+        fit(module, PromptGroupDataModule(str(train), prompts_per_step=1), steps=1, tmp_path=tmp_path)
+
+
+def test_sampled_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tiny_model_dir, data_dir):
+    from ggpo_lightning.data import load_prompt_rows
+    from ggpo_verifiers import get_verifier
+
+    module = make_module(tiny_model_dir, eval_temperature=1.0)
+    module.verifier = get_verifier("numeric")
+    rows = load_prompt_rows(data_dir / "test.jsonl")
+    state = torch.get_rng_state()
+    first = module.evaluate(rows)
+    assert module.evaluate(rows) == first
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match="model.eval_temperature"):
+        make_module(tiny_model_dir, eval_temperature=-1.0)
+
+
+def test_chat_template_wraps_the_prompt_as_a_user_turn(tiny_model_dir):
+    with pytest.raises(ValueError, match="no chat template"):
+        make_module(tiny_model_dir, chat_template=True)
+    module = make_module(tiny_model_dir)
+    plain = module.encode_prompt("1+2=")
+    module.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}"
+    module.chat_template = True
+    wrapped = module.encode_prompt("1+2=")
+    assert module.tokenizer.decode(wrapped, skip_special_tokens=True) == "1+2=1+2="
+    assert wrapped != plain

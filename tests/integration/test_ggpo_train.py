@@ -85,6 +85,6 @@ def test_bad_settings_fail_before_the_model_loads(tmp_path, field, value, match)
 
 
 def test_a_missing_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(Exception, match="missing"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         run_training(["--config", str(QUICKSTART), "--model.model_name_or_path", str(tmp_path / "missing"),
                       "--model.tiny_model", "null"])
