@@ -7,14 +7,14 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import IO
 
-__all__ = ["atomic_open", "atomic_write_text"]
+__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text"]
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str]) -> Iterator[TextIO]:
-    """Open a UTF-8 text file for writing that replaces ``path`` only when the block ends cleanly.
+def atomic_open(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO]:
+    """Open a file for writing (UTF-8 text, or bytes) that replaces ``path`` only when the block ends cleanly.
 
     The text goes to a uniquely named temporary file in the same directory (``os.replace``
     is atomic only within one file system), is flushed and fsynced, then renamed over
@@ -27,7 +27,8 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     # os.open with mode 0o666 honours the umask, like a plain open() would.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        text = {} if binary else {"encoding": "utf-8", "newline": "\n"}
+        with os.fdopen(fd, "wb" if binary else "w", **text) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -41,3 +42,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (see :func:`atomic_open`)."""
     with atomic_open(path) as f:
         f.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
+    with atomic_open(path, binary=True) as f:
+        f.write(data)

@@ -97,3 +97,17 @@ def train_main(args: list[str] | None = None) -> None:
     from ggpo_lightning.train import run_training
 
     run_training(args)
+
+
+from ggpo_lightning.data_cli import data_group  # noqa: E402
+
+main.add_command(data_group, "data")
+
+from ggpo_lightning.eval_cli import eval_command  # noqa: E402
+
+main.add_command(eval_command, "eval")
+
+from ggpo_lightning.experiments_cli import report_command, sweep_command  # noqa: E402
+
+main.add_command(sweep_command, "sweep")
+main.add_command(report_command, "report")

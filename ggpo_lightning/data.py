@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 
-__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_dataset_rows", "load_prompt_rows"]
+__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_dataset_rows", "load_prompt_rows",
+           "read_records"]
 
 MODES = ("online", "offline")
 
@@ -60,7 +61,7 @@ class SyntheticTaskConfig:
     """Seed of the problem generator."""
 
 
-def _read_records(path: Path) -> Iterator[tuple[int, dict]]:
+def read_records(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line or row number, record)`` pairs of a JSONL or Parquet file."""
     if path.suffix == ".parquet":
         try:
@@ -93,7 +94,7 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist")
-    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in _read_records(path))
+    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
     return _rows(records, str(path), prompt_field, answer_field, id_field, template)
 
 

@@ -326,6 +326,7 @@ class GGPOModule(L.LightningModule):
             staleness=(self.global_step - batch["versions"]).float().mean(),
             rollout_seconds=torch.tensor(self._rollout_seconds),
             rollout_tokens_per_s=torch.tensor(self._rollout_tokens / max(self._rollout_seconds, 1e-9)),
+            generated_samples=torch.tensor(float(self.generated_samples)),  # cumulative: x-axis of sample efficiency
         )
         self._rollout_seconds, self._rollout_tokens = 0.0, 0
         verifier_stats = self.verifier.reset_stats().as_dict(prefix="verifier/")

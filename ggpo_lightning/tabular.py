@@ -26,13 +26,13 @@ Run it as ``ggpo tabular`` (see ``ggpo tabular --help``).
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from ggpo_lightning.atomic import atomic_write_bytes
 from ggpo_lightning.objectives import available_objectives, get_objective
 
 MODES = ("offline", "online", "stale")
@@ -226,10 +226,7 @@ def plot_runs(runs: list[TabularRun], path: str, title: str) -> None:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # Write next to the target and rename, so an interrupted run leaves no half-written PNG.
-    with tempfile.NamedTemporaryFile(dir=directory, suffix=".png", delete=False) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    os.replace(tmp.name, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())  # an interrupted run leaves no half-written PNG

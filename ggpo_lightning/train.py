@@ -62,3 +62,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
     return cli
+
+
+if __name__ == "__main__":
+    run_training()

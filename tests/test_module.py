@@ -245,3 +245,31 @@ def test_chat_template_wraps_the_prompt_as_a_user_turn(tiny_model_dir):
     wrapped = module.encode_prompt("1+2=")
     assert module.tokenizer.decode(wrapped, skip_special_tokens=True) == "1+2=1+2="
     assert wrapped != plain
+
+
+def _step_gradients(module: GGPOModule, groups) -> list[torch.Tensor]:
+    module.learner.zero_grad()
+    loss, _ = module._loss(module._pack(groups))
+    loss.backward()
+    return [p.grad.clone() for p in module.learner.parameters()]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, tiny_lm):
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0])]
+    plain = make_module(tiny_model_dir)
+    checkpointed = make_module(tiny_model_dir, gradient_checkpointing=True)
+    assert checkpointed.learner.is_gradient_checkpointing and not plain.learner.is_gradient_checkpointing
+    for g, e in zip(_step_gradients(checkpointed, groups), _step_gradients(plain, groups)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-8)
+
+
+def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
+    torch.manual_seed(0)
+    module = make_module(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
+    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed")
+    assert trainer.global_step == 2 and module.nan_steps == 0
+    assert all(p.dtype == torch.float32 for p in module.learner.parameters())  # fp32 master weights
+    assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())

@@ -1,0 +1,66 @@
+"""``ggpo sweep`` (run an experiment grid) and ``ggpo report`` (tables and plots over runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ggpo_lightning.atomic import atomic_write_text
+
+
+@click.command("sweep")
+@click.argument("grid_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Print each run's ggpo-train arguments; run nothing.")
+def sweep_command(grid_file: Path, dry_run: bool) -> None:
+    """Run every objective x setting x seed of GRID_FILE, one ggpo-train run after another.
+
+    Finished runs (with summary.json) are skipped, so an interrupted sweep continues
+    where it stopped. See ggpo_lightning/sweep.py for the grid format.
+    """
+    from ggpo_lightning.sweep import load_grid, run_grid
+
+    try:
+        grid = load_grid(grid_file)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    results = run_grid(grid, dry_run=dry_run, echo=click.echo)
+    failed = [run.name for run, status in results if status.startswith("failed")]
+    click.echo(f"{len(results)} runs: " + ", ".join(
+        f"{sum(s == k for _, s in results)} {k}" for k in ("done", "ran", "planned") if any(s == k for _, s in results))
+        + (f", {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+    if failed:
+        sys.exit(1)
+
+
+@click.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write report.md and PNG plots here (plots need matplotlib).")
+@click.option("--settings", default=None, help="Comma-separated column order, e.g. sync1,sync8,sync32,offline.")
+def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str | None) -> None:
+    """Final held-out accuracy (mean ± std over seeds) per objective x setting for RUN_DIRS
+    (run directories, or folders holding them), and learning-curve plots.
+
+    A directory that is not a readable run is named on stderr; the others are still
+    reported, and the exit code is 1.
+    """
+    from ggpo_lightning.report import collect_runs, markdown_table, plot_curves
+
+    runs, errors = collect_runs(list(run_dirs))
+    for error in errors:
+        click.echo(f"error: {error}", err=True)
+    if not runs:
+        raise click.ClickException("no readable runs")
+    order = [s.strip() for s in settings.split(",")] if settings else None
+    table = markdown_table(runs, order)
+    click.echo(table)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        plots = plot_curves(runs, out, order)
+        atomic_write_text(out / "report.md", "## Final held-out accuracy (%)\n\n" + table + "\n"
+                          + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
+        click.echo(f"report written to {out / 'report.md'} with {len(plots)} plots")
+    if errors:
+        sys.exit(1)

@@ -1,0 +1,104 @@
+"""``ggpo sweep`` runs a grid (resumable) and ``ggpo report`` tabulates and plots it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ggpo_lightning.cli import main
+from ggpo_lightning.report import collect_runs, markdown_table
+from ggpo_lightning.sweep import load_grid
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+
+
+def write_grid(tmp_path: Path, model_dir: Path, **changes) -> Path:
+    spec = {
+        "base": str(QUICKSTART),
+        "out": str(tmp_path / "grid"),
+        "seeds": [0],
+        "overrides": {
+            "model.model_name_or_path": str(model_dir), "model.tiny_model": None,
+            "model.rollout.sampling.max_new_tokens": 3, "data.prompts_per_step": 2,
+            "data.train_path": str(tmp_path / "data" / "train.jsonl"),
+            "data.val_path": str(tmp_path / "data" / "test.jsonl"),
+            "data.synthetic.n_train": 32, "data.synthetic.n_test": 8,
+            "trainer.max_steps": 3, "trainer.val_check_interval": 2, "summary.export": False,
+        },
+        "axes": {"objective": {"ggpo": {"model.objective": "ggpo"}, "grpo": {"model.objective": "grpo"}},
+                 "setting": {"sync2": {"model.rollout.sync_every": 2}}},
+        **changes,
+    }
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_grid_expands_axes_times_seeds(tmp_path, tiny_model_dir):
+    grid = load_grid(write_grid(tmp_path, tiny_model_dir, seeds=[0, 1]))
+    assert [r.name for r in grid.runs] == ["ggpo-sync2-seed0", "ggpo-sync2-seed1", "grpo-sync2-seed0",
+                                           "grpo-sync2-seed1"]
+    assert grid.runs[2].labels == {"objective": "grpo", "setting": "sync2", "seed": 0}
+    assert grid.runs[2].overrides["model.objective"] == "grpo"
+    assert grid.runs[2].overrides["trainer.max_steps"] == 3  # grid-wide overrides apply to every run
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"seeds": []}, "seeds must be a non-empty list"),
+    ({"axes": {}}, "axes must map"),
+    ({"base": "nope.yaml"}, "base recipe 'nope.yaml' not found"),
+    ({"colour": 1}, "unknown field"),
+    ({"axes": {"objective": {"ggpo": "ggpo"}}}, "axes.objective.ggpo must map"),
+])
+def test_bad_grid_files_name_the_field(tmp_path, tiny_model_dir, change, message):
+    path = write_grid(tmp_path, tiny_model_dir, **change)
+    result = CliRunner().invoke(main, ["sweep", str(path)])
+    assert result.exit_code != 0 and message in result.output and str(path) in result.output
+
+
+def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
+    grid_file = write_grid(tmp_path, tiny_model_dir)
+    first = CliRunner().invoke(main, ["sweep", str(grid_file)])
+    assert first.exit_code == 0, first.output
+    assert "2 runs: 2 ran" in first.output
+    out = tmp_path / "grid"
+    for name in ("ggpo-sync2-seed0", "grpo-sync2-seed0"):
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["optimizer_steps"] == 3 and summary["objective"] == name.split("-")[0]
+
+    # interrupted before its summary: that run starts over, the finished one is skipped
+    (out / "grpo-sync2-seed0" / "summary.json").unlink()
+    again = CliRunner().invoke(main, ["sweep", str(grid_file)])
+    assert again.exit_code == 0, again.output
+    assert "ggpo-sync2-seed0: done, skipped" in again.output and "starting over" in again.output
+
+    runs, errors = collect_runs([out])
+    assert not errors and sorted(r.objective for r in runs) == ["ggpo", "grpo"]
+    for run in runs:
+        assert run.setting == "sync2" and run.seed == 0
+        assert [step for step, _ in run.accuracy] == [0, 2, 3]  # before training, at step 2, after
+        assert run.final_accuracy == json.loads((run.path / "summary.json").read_text())["accuracy_after"]
+        assert len(run.reward) == 3 and run.accuracy_by_samples[-1][0] > 0
+
+    (tmp_path / "not-a-run").mkdir()
+    report = CliRunner().invoke(main, ["report", str(out), str(tmp_path / "not-a-run"),
+                                       "--out", str(tmp_path / "report")])
+    assert report.exit_code == 1  # one bad directory: named, the others still reported
+    assert "not-a-run: no metrics.csv" in report.output
+    assert "| ggpo |" in report.output and "| grpo |" in report.output
+    assert {p.name for p in (tmp_path / "report").iterdir()} == {
+        "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png"}
+
+
+def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
+    from ggpo_lightning.report import Run
+
+    runs = [Run(tmp_path, "ggpo", "sync1", s, a) for s, a in enumerate([0.5, 0.6, 0.7])]
+    runs.append(Run(tmp_path, "grpo", "offline", 0, 0.25))
+    table = markdown_table(runs, ["sync1", "offline"])
+    assert "| ggpo | 60.0 ± 10.0 (n=3) | – |" in table
+    assert "| grpo | – | 25.0 ± 0.0 (n=1) |" in table
