@@ -110,9 +110,9 @@ def load_benchmark(path: str | Path, prompt_field: str | None = None, answer_fie
             prompt, answer = _detect(record, prompt_field, PROMPT_FIELDS), _detect(record, answer_field, ANSWER_FIELDS)
             if prompt is None or answer is None:
                 raise ValueError(
-                    f"{where}: unknown benchmark layout (fields: {', '.join(sorted(record))}); expected "
-                    f"problem/answer, question/answer or prompt/solution; map yours with --prompt-field and "
-                    f"--answer-field")
+                    f"{where}: unknown benchmark layout (fields: {', '.join(sorted(record))}); expected a prompt "
+                    f"field ({', '.join(PROMPT_FIELDS)}) and an answer field ({', '.join(ANSWER_FIELDS)}); map "
+                    f"yours with --prompt-field and --answer-field")
             fields = (prompt, answer)
         for name, flag in zip(fields, ("--prompt-field", "--answer-field")):
             if record.get(name) is None:
@@ -155,12 +155,12 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
     - a ``ggpo-train`` run directory: its exported ``final_model/``;
     - a run's Lightning checkpoint (``.ckpt``): its ``state_dict`` entries
       ``learner.*`` are the learner's weights, loaded into ``base_model`` (the run's
-      ``model.model_name_or_path``), which gives the architecture and tokenizer.
-      ``ggpo-train`` checkpoints do not record the base model (GGPOModule saves no
-      hyper-parameters), so ``base_model`` is required for them.
+      ``model.model_name_or_path``, recorded in the checkpoint; ``base_model``
+      overrides it, e.g. when the run used a relative path), which gives the
+      architecture and tokenizer.
 
     Raises:
-        ValueError: a checkpoint without ``base_model``, or without learner weights, or
+        ValueError: a checkpoint that records no base model and no ``base_model``, or without learner weights, or
             whose weights do not fit ``base_model``; ``base_model`` with another source;
             a directory that is neither a model folder nor a run directory.
         FileNotFoundError, OSError: as :func:`~ggpo_lightning.models.load_causal_lm`.
@@ -188,10 +188,11 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
 
 
 def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    if base_model is None:
-        raise ValueError(f"{path}: a ggpo-train checkpoint does not record its base model; pass --base-model "
-                         f"with the run's model.model_name_or_path (in config.yaml of the run directory)")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    base_model = base_model or checkpoint.get("ggpo", {}).get("model_name_or_path")
+    if base_model is None:
+        raise ValueError(f"{path}: the checkpoint does not record its base model; pass --base-model with the "
+                         f"run's model.model_name_or_path (in config.yaml of the run directory)")
     weights = {key.removeprefix("learner."): value for key, value in checkpoint.get("state_dict", {}).items()
                if key.startswith("learner.")}
     if not weights:
@@ -200,7 +201,7 @@ def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedMode
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise ValueError(f"{path}: the learner weights do not fit --base-model {base_model}: {exc}") from None
+        raise ValueError(f"{path}: the learner weights do not fit base model {base_model}: {exc}") from None
     return model.eval(), load_tokenizer(base_model)
 
 

@@ -418,6 +418,7 @@ class GGPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["ggpo"] = {
+            "model_name_or_path": self.model_name_or_path,  # what ggpo eval loads the learner weights into
             "engine_version": self.engine.version,
             "engine_state": self.engine.model.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},

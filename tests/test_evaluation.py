@@ -204,13 +204,17 @@ def test_command_errors_name_the_culprit(tiny_model_dir, bench, tmp_path):
 def test_a_run_directory_and_its_checkpoint_are_model_sources(run_dir, tiny_model_dir, bench, tmp_path):
     exported, _ = load_model(run_dir)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    with pytest.raises(ValueError, match="--base-model"):
-        load_model(checkpoint)
     with pytest.raises(ValueError, match="--base-model is for .ckpt sources only"):
         load_model(run_dir, base_model=str(tiny_model_dir))
-    restored, _ = load_model(checkpoint, base_model=str(tiny_model_dir))
     trained = exported.state_dict()
-    assert all(torch.equal(v, trained[k]) for k, v in restored.state_dict().items())  # the learner at step 2
+    for base in (None, str(tiny_model_dir)):  # recorded in the checkpoint, or given
+        restored, _ = load_model(checkpoint, base_model=base)
+        assert all(torch.equal(v, trained[k]) for k, v in restored.state_dict().items())  # the learner at step 2
+    state = torch.load(checkpoint, weights_only=True)
+    del state["ggpo"]["model_name_or_path"]
+    torch.save(state, tmp_path / "anonymous.ckpt")
+    with pytest.raises(ValueError, match="--base-model"):
+        load_model(tmp_path / "anonymous.ckpt")
 
     # the weights come from the checkpoint's learner.* entries, not from the base model
     state = torch.load(checkpoint, weights_only=True)
