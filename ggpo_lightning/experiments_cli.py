@@ -44,15 +44,20 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     (run directories, or folders holding them), and learning-curve plots.
 
     A directory that is not a readable run is named on stderr; the others are still
-    reported, and the exit code is 1.
+    reported, and the exit code is 1. Unfinished runs (no summary.json) are named and
+    left out.
     """
     from ggpo_lightning.report import collect_runs, markdown_table, plot_curves
 
     runs, errors = collect_runs(list(run_dirs))
     for error in errors:
         click.echo(f"error: {error}", err=True)
+    unfinished = [r for r in runs if r.final_accuracy is None]
+    if unfinished:
+        click.echo(f"left out, unfinished (no summary.json): {', '.join(str(r.path) for r in unfinished)}", err=True)
+    runs = [r for r in runs if r.final_accuracy is not None]
     if not runs:
-        raise click.ClickException("no readable runs")
+        raise click.ClickException("no finished runs to report")
     order = [s.strip() for s in settings.split(",")] if settings else None
     table = markdown_table(runs, order)
     click.echo(table)

@@ -3,8 +3,8 @@
 A run is a directory with ``metrics.csv`` (Lightning's CSV logger) and, once finished,
 ``summary.json``. Its labels come from ``grid_run.json`` (written by ``ggpo sweep``):
 ``objective``, ``setting`` and ``seed``; a run made by hand falls back to the summary's
-objective and recipe. Final accuracy is the summary's ``accuracy_after``, else the last
-``val/accuracy`` logged.
+objective and recipe. Final accuracy is the summary's ``accuracy_after``; a run
+without ``summary.json`` is unfinished: read, but left out of tables and plots.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Run:
     setting: str
     seed: int | None
     final_accuracy: float | None
+    """``accuracy_after`` of ``summary.json``; None while the run is unfinished."""
     accuracy: list[tuple[int, float]] = field(default_factory=list)
     """``(optimizer step, val/accuracy)``."""
     accuracy_by_samples: list[tuple[float, float]] = field(default_factory=list)
@@ -73,8 +74,6 @@ def _read_run(path: Path) -> Run:
     if final is not None and steps is not None and (not accuracy or accuracy[-1][0] < steps):
         accuracy.append((steps, final))  # measured at the end of fit, not logged to metrics.csv
         by_samples.append((float(summary.get("generated_samples") or samples), final))
-    if final is None and accuracy:
-        final = accuracy[-1][1]
     return Run(
         path=path,
         objective=str(labels.get("objective") or summary.get("objective") or "?"),

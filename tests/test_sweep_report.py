@@ -84,6 +84,14 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
         assert run.final_accuracy == json.loads((run.path / "summary.json").read_text())["accuracy_after"]
         assert len(run.reward) == 3 and run.accuracy_by_samples[-1][0] > 0
 
+    unfinished = out / "ggpo-sync2-seed0" / "summary.json"
+    saved = unfinished.read_text()
+    unfinished.unlink()
+    partial = CliRunner().invoke(main, ["report", str(out)])
+    assert partial.exit_code == 0 and "left out, unfinished" in partial.output and "ggpo-sync2-seed0" in partial.output
+    assert "| ggpo |" not in partial.output and "| grpo |" in partial.output
+    unfinished.write_text(saved)
+
     (tmp_path / "not-a-run").mkdir()
     report = CliRunner().invoke(main, ["report", str(out), str(tmp_path / "not-a-run"),
                                        "--out", str(tmp_path / "report")])
