@@ -157,7 +157,8 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
       ``learner.*`` are the learner's weights, loaded into ``base_model`` (the run's
       ``model.model_name_or_path``, recorded in the checkpoint; ``base_model``
       overrides it, e.g. when the run used a relative path), which gives the
-      architecture and tokenizer.
+      architecture and tokenizer. A LoRA run's checkpoint is loaded as base plus adapter
+      and merged.
 
     Raises:
         ValueError: a checkpoint that records no base model and no ``base_model``, or without learner weights, or
@@ -198,10 +199,17 @@ def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedMode
     if not weights:
         raise ValueError(f"{path}: its state_dict has no learner.* weights; is it a ggpo-train checkpoint?")
     model = load_causal_lm(base_model, dtype=next(iter(weights.values())).dtype)
+    lora = checkpoint.get("ggpo", {}).get("lora")
+    if lora is not None:  # base (refreshes merged in) + adapter: wrap as in training, load, merge
+        from ggpo_lightning.lora import LoraSettings, wrap
+
+        model = wrap(model, LoraSettings(**lora["settings"]))
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
         raise ValueError(f"{path}: the learner weights do not fit base model {base_model}: {exc}") from None
+    if lora is not None:
+        model = model.merge_and_unload()
     return model.eval(), load_tokenizer(base_model)
 
 

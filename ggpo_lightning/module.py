@@ -24,7 +24,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -511,7 +511,8 @@ class GGPOModule(L.LightningModule):
             "generated_samples": self.generated_samples,
         }
         if self.lora is not None:
-            checkpoint["ggpo"]["lora"] = {"base_fingerprint": self.base_fingerprint, "merges": self.lora_merges}
+            checkpoint["ggpo"]["lora"] = {"settings": asdict(self.lora), "base_fingerprint": self.base_fingerprint,
+                                          "merges": self.lora_merges}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["ggpo"]

@@ -15,7 +15,7 @@ from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.module import GGPOModule, RolloutConfig
 from ggpo_lightning.rollout import SamplingConfig
 from ggpo_lightning.testing import make_group
-from test_module import data_dir, fit, make_data, make_module  # noqa: F401  (data_dir: a fixture)
+from test_module import fit, make_data, make_module
 
 pytest.importorskip("peft")
 
@@ -198,6 +198,15 @@ def test_resume_against_another_base_names_both(tiny_model_dir, data_dir, tmp_pa
     with pytest.raises(ValueError, match=rf"trained on base model '{tiny_model_dir}'.*loads '{other}'"):
         _run(tiny_model_dir, data_dir, tmp_path, 3, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt"),
              model_dir=other)
+
+
+def test_ggpo_eval_loads_a_lora_checkpoint_as_the_merged_learner(tiny_model_dir, data_dir, tmp_path):
+    from ggpo_lightning.evaluation import load_model
+
+    module, _, _ = _run(tiny_model_dir, data_dir, tmp_path, 4, save_at=4)  # a refresh at step 3
+    model, _ = load_model(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
+    rows = batch_rows(module)
+    torch.testing.assert_close(logprobs(model, rows), logprobs(module.learner, rows), rtol=1e-5, atol=1e-5)
 
 
 def test_a_lora_checkpoint_does_not_resume_a_full_run(tiny_model_dir, data_dir, tmp_path):
