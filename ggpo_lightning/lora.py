@@ -14,6 +14,13 @@ for free:
 - **rollout sync** = the merged weights ``W + s * B A``, computed without touching the
   learner, as a plain ``state_dict`` for the engine's plain model.
 
+Memory: the module holds the base once plus the adapter (and the adapter's gradients
+and optimizer state); the rollout engine keeps its own plain copy, as in full fine-tuning
+(in ``rollout.dtype``, e.g. bf16). Checkpoints hold the whole learner, base included,
+because refreshes change the base in memory; the base on disk is checked by path and
+fingerprint on resume. Exports: ``final_adapter/`` (peft; with the merged base in
+``base/`` once a refresh changed it) and, on request, ``final_model/`` (merged).
+
 ``peft`` is an optional dependency (``pip install 'ggpo-lightning[lora]'``), imported only
 when LoRA is used.
 """
@@ -30,8 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LoraSettings", "adapter_disabled", "base_fingerprint", "lora_layers", "merge_and_reset",
-           "plain_state_dict", "save_adapter", "wrap"]
+__all__ = ["LoraSettings", "adapter_disabled", "base_fingerprint", "check_target_modules", "lora_layers",
+           "merge_and_reset", "plain_state_dict", "save_adapter", "wrap"]
 
 ADAPTER = "default"  # peft's name of the one adapter the learner carries
 
