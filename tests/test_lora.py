@@ -4,6 +4,7 @@ merged rollout sync, memory, resume, exports and the bad-input errors."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import lightning as L
 import pytest
@@ -224,6 +225,7 @@ def test_both_exports_load_back_with_the_learners_logprobs(tiny_model_dir, data_
     from transformers import AutoModelForCausalLM
 
     from ggpo_lightning.callbacks import RunSummary
+    from ggpo_lightning.evaluation import load_model
 
     torch.manual_seed(0)
     module = make_lora_module(tiny_model_dir, ref_refresh_every=refresh_every,
@@ -241,6 +243,9 @@ def test_both_exports_load_back_with_the_learners_logprobs(tiny_model_dir, data_
     adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "final_adapter")
     torch.testing.assert_close(logprobs(adapted, rows), expected, rtol=1e-5, atol=1e-5)
     assert load_tokenizer(tmp_path / "final_adapter")("1+2=")["input_ids"] == module.tokenizer("1+2=")["input_ids"]
+    shutil.rmtree(tmp_path / "final_model")  # a run exported without the merged model: ggpo eval takes the adapter
+    evaluated, _ = load_model(tmp_path)
+    torch.testing.assert_close(logprobs(evaluated, rows), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_gradient_checkpointing_gives_the_same_adapter_gradients(tiny_model_dir):
