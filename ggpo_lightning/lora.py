@@ -179,14 +179,14 @@ def save_adapter(model: nn.Module, directory: Path, base_model_name_or_path: str
 
 @torch.no_grad()
 def base_fingerprint(model: nn.Module) -> str:
-    """A short hash of a freshly loaded base model: its config and its input embedding's values.
+    """A short hash of a freshly loaded base model: its parameter names and shapes, and its input embedding's values.
 
     Two bases with the same architecture but other weights (a base and its instruct
-    version) differ here; a moved or renamed folder of the same base does not.
+    version) differ here; a moved or renamed folder of the same base does not, nor do
+    settings outside the weights (gradient checkpointing, the transformers version).
     """
-    config = model.config.to_dict()
-    config.pop("_name_or_path", None)
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    shapes = [(name, list(value.shape)) for name, value in model.state_dict().items()]
+    digest = hashlib.sha256(json.dumps(shapes).encode())
     embedding = model.get_input_embeddings().weight.detach().to("cpu", torch.float64)
     digest.update(f"{embedding.sum().item():.10e} {embedding.abs().sum().item():.10e}".encode())
     return digest.hexdigest()[:16]

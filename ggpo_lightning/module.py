@@ -537,8 +537,9 @@ class GGPOModule(L.LightningModule):
         """
         saved = state.get("lora")
         if (saved is None) != (self.lora is None):
-            raise ValueError(f"the checkpoint was trained {'with' if saved else 'without'} model.lora but this run is "
-                             f"configured {'with' if self.lora else 'without'} it; resume with the run's own model.lora")
+            raise ValueError(f"the checkpoint was trained {'with' if saved else 'without'} model.lora but this run "
+                             f"is configured {'with' if self.lora else 'without'} it; resume with the run's own "
+                             "model.lora")
         if saved is not None and saved["base_fingerprint"] != self.base_fingerprint:
             raise ValueError(f"the checkpoint's adapter was trained on base model {state['model_name_or_path']!r}, but "
                              f"this run loads {self.model_name_or_path!r}, a different model (fingerprint "

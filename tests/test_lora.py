@@ -214,7 +214,7 @@ def test_a_lora_checkpoint_does_not_resume_a_full_run(tiny_model_dir, data_dir, 
     _run(tiny_model_dir, data_dir, tmp_path, 1, save_at=1)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0)
-    with pytest.raises(ValueError, match="trained with model.lora but this run is configured without"):
+    with pytest.raises(ValueError, match="trained with model.lora but this run is configured without it"):
         trainer.fit(make_module(tiny_model_dir), datamodule=make_data(data_dir),
                     ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"))
 
