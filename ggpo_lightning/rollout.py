@@ -74,7 +74,8 @@ class RolloutEngine(Protocol):
 
 
 class HFGenerateEngine:
-    """Samples with ``model.generate`` on a private copy of the learner.
+    """Samples with ``model.generate`` on a private copy of the learner (with LoRA: of the plain base
+    model, loaded with the merged weights at each sync).
 
     ``dtype`` lets the behavior model run in another precision than the learner
     (e.g. bf16 sampling for an fp32 learner: the training-inference mismatch setting).
