@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 
@@ -59,9 +59,11 @@ class RunSummary(L.Callback):
     Accuracy is the module's ``evaluate`` (greedy pass@1 with the run's verifier) on the
     datamodule's validation prompts. The final learner is saved with ``save_pretrained``
     (plus its tokenizer) in ``<run dir>/final_model``, loadable by transformers and
-    inference engines. ``summary.json`` in the run directory holds ``accuracy_before``,
-    ``accuracy_after`` (fractions), ``optimizer_steps``, ``generated_samples``,
-    ``wall_seconds`` and ``recipe``.
+    inference engines; a LoRA run saves its adapter in ``final_adapter/`` and the merged
+    model in ``final_model/`` on request (``GGPOModule.exports``). ``summary.json`` in the
+    run directory holds ``accuracy_before``, ``accuracy_after`` (fractions),
+    ``optimizer_steps``, ``generated_samples``, ``wall_seconds``, ``recipe`` and the export
+    folders (``final_model``, with LoRA ``final_adapter``; null when not written).
 
     Args:
         export: save the final model.
@@ -93,8 +95,10 @@ class RunSummary(L.Callback):
         rows = trainer.datamodule.val_rows
         accuracy_after = pl_module.evaluate(rows) if rows else None
         run_dir = self.run_dir(trainer)
-        if self.export:
-            self._export(pl_module, run_dir / "final_model")
+        exported = pl_module.exports(run_dir) if self.export else {}
+        for target, write in exported.items():
+            self._write_folder(target, write)
+        exported_names = {target.name: str(target) for target in exported}
         summary = {
             "recipe": self.recipe,
             "objective": pl_module.objective.name,
@@ -105,19 +109,21 @@ class RunSummary(L.Callback):
             "skipped_nan_steps": pl_module.nan_steps,
             "wall_seconds": round(self._wall_before + time.perf_counter() - self._start, 2),
             "val_prompts": len(rows),
-            "final_model": str(run_dir / "final_model") if self.export else None,
+            "final_model": exported_names.get("final_model"),
         }
+        if pl_module.lora is not None:
+            summary["final_adapter"] = exported_names.get("final_adapter")
         path = run_dir / "summary.json"
         atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
         self._print_table(summary)
         print(f"summary written to {path}", flush=True)
 
     @staticmethod
-    def _export(pl_module: L.LightningModule, target: Path) -> None:
+    def _write_folder(target: Path, write: Callable[[Path], None]) -> None:
+        """``write`` into a temporary folder next to ``target``, then put it in place: no half-written exports."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".final_model-"))
-        pl_module.learner.save_pretrained(tmp)
-        pl_module.tokenizer.save_pretrained(tmp)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+        write(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

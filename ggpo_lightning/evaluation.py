@@ -22,6 +22,7 @@ the ``ggpo eval`` command (``ggpo_lightning.eval_cli``) wraps it all.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,12 +153,15 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
     ``source`` is one of:
 
     - a model folder (``save_pretrained``, has ``config.json``) or a hub id;
-    - a ``ggpo-train`` run directory: its exported ``final_model/``;
+    - a peft adapter folder (``adapter_config.json``), merged into the base it names;
+    - a ``ggpo-train`` run directory: its exported ``final_model/``, or a LoRA run's
+      ``final_adapter/`` when it exported no merged model;
     - a run's Lightning checkpoint (``.ckpt``): its ``state_dict`` entries
       ``learner.*`` are the learner's weights, loaded into ``base_model`` (the run's
       ``model.model_name_or_path``, recorded in the checkpoint; ``base_model``
       overrides it, e.g. when the run used a relative path), which gives the
-      architecture and tokenizer.
+      architecture and tokenizer. A LoRA run's checkpoint is loaded as base plus adapter
+      and merged.
 
     Raises:
         ValueError: a checkpoint that records no base model and no ``base_model``, or without learner weights, or
@@ -175,7 +179,11 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
     if path.is_file():
         raise ValueError(f"{path} is a file but not a .ckpt checkpoint; give a model folder, a run directory "
                          f"or a .ckpt file")
+    if (path / "adapter_config.json").is_file():
+        return _load_adapter(path)
     if path.is_dir() and not (path / "config.json").is_file():
+        if (path / "final_adapter").is_dir() and not (path / "final_model").is_dir():
+            return _load_adapter(path / "final_adapter")  # a LoRA run exported without the merged model
         if not (path / "final_model").is_dir():
             checkpoints = sorted(str(p) for p in path.glob("checkpoints/*.ckpt"))
             hint = (f"; evaluate a checkpoint instead: {', '.join(checkpoints)} (with --base-model)"
@@ -185,6 +193,15 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
         path = path / "final_model"
     name = path if path.exists() else str(source)  # not a path: a hub id
     return load_causal_lm(name, dtype="auto").eval(), load_tokenizer(name)
+
+
+def _load_adapter(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A peft adapter folder: its base (``base_model_name_or_path`` in ``adapter_config.json``), adapter merged."""
+    from peft import PeftModel
+
+    base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    model = PeftModel.from_pretrained(load_causal_lm(base, dtype="auto"), path).merge_and_unload()
+    return model.eval(), load_tokenizer(path)
 
 
 def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -198,10 +215,17 @@ def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedMode
     if not weights:
         raise ValueError(f"{path}: its state_dict has no learner.* weights; is it a ggpo-train checkpoint?")
     model = load_causal_lm(base_model, dtype=next(iter(weights.values())).dtype)
+    lora = checkpoint.get("ggpo", {}).get("lora")
+    if lora is not None:  # base (refreshes merged in) + adapter: wrap as in training, load, merge
+        from ggpo_lightning.lora import LoraSettings, wrap
+
+        model = wrap(model, LoraSettings(**lora["settings"]))
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
         raise ValueError(f"{path}: the learner weights do not fit base model {base_model}: {exc}") from None
+    if lora is not None:
+        model = model.merge_and_unload()
     return model.eval(), load_tokenizer(base_model)
 
 

@@ -54,6 +54,8 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     Models that post-process logits (soft-capping, logit scaling) return None and take
     the plain forward path.
     """
+    if hasattr(model, "get_base_model"):  # a peft wrapper: the transformers model inside, adapters in place
+        model = model.get_base_model()
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None

@@ -18,15 +18,16 @@ run with a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -37,6 +38,8 @@ from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync
 from ggpo_lightning.data import PromptRow
 from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
+from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
+                                 save_adapter, wrap)
 from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
 from ggpo_lightning.objectives import get_objective, ggpo_diagnostics
 from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig, generate_responses
@@ -94,6 +97,11 @@ class GGPOModule(L.LightningModule):
         eval_batch_size: prompts per generation call during evaluation.
         chat_template: wrap each prompt as a user turn with the tokenizer's chat template
             (instruction-tuned models); False = the prompt text as it is (base models).
+        lora: train a LoRA adapter on the frozen base instead of all weights (needs
+            ``peft``). The reference is then the base with the adapter off (no second
+            copy of the weights), a reference refresh merges the adapter into the base
+            and starts a fresh one, and the rollout engine gets the merged weights
+            (see :mod:`ggpo_lightning.lora`).
     """
 
     def __init__(
@@ -116,11 +124,12 @@ class GGPOModule(L.LightningModule):
         eval_temperature: float = 0.0,
         eval_batch_size: int = 256,
         chat_template: bool = False,
+        lora: LoraSettings | None = None,
     ) -> None:
         super().__init__()
         self.rollout_config = rollout or RolloutConfig()
         self._validate(objective, beta, verifier, self.rollout_config, ref_refresh_every, clip_eps, kl_estimator,
-                       max_nan_steps, eval_temperature)
+                       max_nan_steps, eval_temperature, lora)
         self.objective = get_objective(objective)
         self.beta = beta
         self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
@@ -141,13 +150,21 @@ class GGPOModule(L.LightningModule):
             raise ValueError(f"model.chat_template is true but the tokenizer of {model_name_or_path} has no chat "
                              "template; set model.chat_template: false or use an instruction-tuned model")
         self.chat_template = chat_template
-        self.learner = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
+        model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
         if gradient_checkpointing:
-            self.learner.gradient_checkpointing_enable()
-        self.reference = copy.deepcopy(self.learner).requires_grad_(False).eval()
+            model.gradient_checkpointing_enable()
         engine_dtype = _DTYPES[self.rollout_config.dtype] if self.rollout_config.dtype else None
-        self.engine = HFGenerateEngine(self.learner, self.tokenizer, dtype=engine_dtype,
+        # a private copy of the plain model: with LoRA it is synced with the merged weights
+        self.engine = HFGenerateEngine(model, self.tokenizer, dtype=engine_dtype,
                                        record_logprobs=self.objective.uses_behavior_logp)
+        self.lora = lora
+        if lora is None:
+            self.learner = model
+            self.reference: torch.nn.Module | None = copy.deepcopy(model).requires_grad_(False).eval()
+        else:
+            self.base_fingerprint = base_fingerprint(model)  # what a resume checks the base against
+            self.learner = wrap(model, lora)
+            self.reference = None  # the learner with its adapter off
         self.verifier = None  # started in setup(): a process pool
         self.nan_steps = 0
         self._nan_streak = 0
@@ -155,11 +172,12 @@ class GGPOModule(L.LightningModule):
         self._rollout_tokens = 0
         self._train_clock: tuple[float, int] | None = None
         self.generated_samples = 0
+        self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
 
     @staticmethod
     def _validate(objective: str, beta: float, verifier: str | dict, rollout: RolloutConfig,
                   ref_refresh_every: int, clip_eps: float, kl_estimator: str, max_nan_steps: int,
-                  eval_temperature: float) -> None:
+                  eval_temperature: float, lora: LoraSettings | None) -> None:
         """All configuration errors at once, before any model is loaded."""
         from ggpo_verifiers import available_verifiers
 
@@ -189,6 +207,8 @@ class GGPOModule(L.LightningModule):
             errors.append(f"model.rollout.sync_every must be >= 1, got {rollout.sync_every}")
         if rollout.dtype is not None and rollout.dtype not in _DTYPES:
             errors.append(f"model.rollout.dtype must be one of {sorted(_DTYPES)} or null, got {rollout.dtype!r}")
+        if lora is not None:
+            errors.extend(lora.errors())
         if errors:
             raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
 
@@ -221,11 +241,13 @@ class GGPOModule(L.LightningModule):
 
     def train(self, mode: bool = True) -> GGPOModule:
         super().train(mode)
-        self.reference.eval()  # frozen: no dropout, whatever Lightning toggles
+        if self.reference is not None:
+            self.reference.eval()  # frozen: no dropout, whatever Lightning toggles
         return self
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optimizer_factory(self.learner.parameters())
+        # with LoRA the frozen base has requires_grad=False: only the adapter reaches the optimizer
+        return self.optimizer_factory([p for p in self.learner.parameters() if p.requires_grad])
 
     # ------------------------------------------------------------------ rollout
 
@@ -292,8 +314,8 @@ class GGPOModule(L.LightningModule):
         mask = batch["group_mask"]  # [G, K]
         rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
         logp, tok_logp = sequence_logprobs(self.learner, *rows, chunk_size=self.logprob_chunk_size)  # [B], [B, L]
-        with torch.no_grad():
-            ref_logp, ref_tok = sequence_logprobs(self.reference, *rows, chunk_size=self.logprob_chunk_size)
+        with torch.no_grad(), self.reference_model() as reference:
+            ref_logp, ref_tok = sequence_logprobs(reference, *rows, chunk_size=self.logprob_chunk_size)
         logp_g, ref_g = self._to_groups(logp, mask), self._to_groups(ref_logp, mask)  # [G, K]
         rewards = batch["rewards"]
         name = self.objective.name
@@ -374,13 +396,33 @@ class GGPOModule(L.LightningModule):
             schedules.append(ReferenceRefresh(self.ref_refresh_every))
         return schedules
 
+    def reference_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """The reference policy, as a context: the frozen copy, or with LoRA the learner with its adapter off."""
+        return contextlib.nullcontext(self.reference) if self.lora is None else adapter_disabled(self.learner)
+
     def sync_rollout_engine(self) -> None:
-        """Copy the learner's weights into the rollout engine (the behavior policy)."""
-        self.engine.load_weights(self.learner, version=self.global_step)
+        """Copy the learner's weights into the rollout engine (the behavior policy); with LoRA, merged."""
+        weights = self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
+        self.engine.load_weights(weights, version=self.global_step)
 
     def refresh_reference(self) -> None:
-        """Make the reference a copy of the learner: a new Gibbs target."""
-        self.reference.load_state_dict(self.learner.state_dict())
+        """Make the reference a copy of the learner: a new Gibbs target.
+
+        With LoRA the adapter is merged into the base and a fresh one starts
+        (``W <- W + s * B A``, ``B = 0``; :func:`~ggpo_lightning.lora.merge_and_reset`): the
+        reference (adapter off) then equals the learner, as after a full-weight refresh. The
+        optimizer's state is reset too: Adam's moments describe the old adapter (the fresh
+        one's ``A`` is re-drawn), and carrying them over would push the new adapter along
+        directions that no longer mean anything; a refresh restarts the optimizer as it
+        restarts the KL term.
+        """
+        if self.lora is None:
+            self.reference.load_state_dict(self.learner.state_dict())
+            return
+        merge_and_reset(self.learner)
+        self.lora_merges += 1
+        for optimizer in self.trainer.optimizers if self._trainer is not None else []:
+            optimizer.state.clear()  # it holds the adapter's parameters only
 
     # ------------------------------------------------------------------ evaluation
 
@@ -414,6 +456,49 @@ class GGPOModule(L.LightningModule):
     def validation_step(self, rows: list[PromptRow], batch_idx: int) -> None:
         self.log("val/accuracy", self.evaluate(rows), prog_bar=True, batch_size=len(rows))
 
+    # ------------------------------------------------------------------ export
+
+    def exports(self, run_dir: Path) -> dict[Path, Callable[[Path], None]]:
+        """The final export: each target folder and a function that writes its content into a given folder.
+
+        Full fine-tuning: ``final_model/``, the learner (transformers ``save_pretrained``).
+        LoRA: ``final_adapter/``, the adapter as peft saves it, loadable with
+        ``PeftModel.from_pretrained(base, path)``. Its base is the one the run started from,
+        unless reference refreshes merged adapters into it: then that merged base is saved
+        as ``final_adapter/base/`` and ``adapter_config.json`` names it (the adapter on the
+        original base would not be the trained learner). With ``lora.export_merged`` also
+        ``final_model/``: base and adapter merged, a plain transformers model. Each folder
+        holds the tokenizer too.
+        """
+        if self.lora is None:
+            return {run_dir / "final_model": self._writer(self.learner.save_pretrained)}
+        adapter_dir = run_dir / "final_adapter"
+
+        def write_adapter(directory: Path) -> None:
+            base = self.model_name_or_path
+            if self.lora_merges:
+                self._writer(self._save_plain(merged=False))(directory / "base")
+                base = str((adapter_dir / "base").resolve())
+            save_adapter(self.learner, directory, base)
+            self.tokenizer.save_pretrained(directory)
+
+        targets = {adapter_dir: write_adapter}
+        if self.lora.export_merged:
+            targets[run_dir / "final_model"] = self._writer(self._save_plain(merged=True))
+        return targets
+
+    def _save_plain(self, merged: bool) -> Callable[[Path], None]:
+        """Saves the LoRA learner as a plain transformers model: base alone, or base and adapter merged."""
+        return lambda directory: self.learner.get_base_model().save_pretrained(
+            directory, state_dict=plain_state_dict(self.learner, merged=merged))
+
+    def _writer(self, save_model: Callable[[Path], None]) -> Callable[[Path], None]:
+        def write(directory: Path) -> None:
+            save_model(directory)
+            self.tokenizer.save_pretrained(directory)
+
+        return write
+
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -425,12 +510,38 @@ class GGPOModule(L.LightningModule):
             "nan_steps": self.nan_steps,
             "generated_samples": self.generated_samples,
         }
+        if self.lora is not None:
+            checkpoint["ggpo"]["lora"] = {"settings": asdict(self.lora), "base_fingerprint": self.base_fingerprint,
+                                          "merges": self.lora_merges}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["ggpo"]
+        self._check_base(state)
         self.engine.model.load_state_dict(state["engine_state"])
         self.engine.version = state["engine_version"]
         # the sampling RNG, so that a resumed run draws the responses an uninterrupted one would
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.nan_steps, self.generated_samples = state["nan_steps"], state["generated_samples"]
+        if self.lora is not None:
+            self.lora_merges = state["lora"]["merges"]
+
+    def _check_base(self, state: dict[str, Any]) -> None:
+        """A LoRA checkpoint resumes only on the base it was trained on (and only as LoRA).
+
+        The checkpoint's ``state_dict`` holds the whole learner, base included: reference
+        refreshes merge adapters into the base, so the base in memory is no longer the one
+        on disk and a resume must restore it to continue identically. The base on disk is
+        referenced by ``model_name_or_path`` and a fingerprint of its config and
+        embedding (:func:`~ggpo_lightning.lora.base_fingerprint`), checked here.
+        """
+        saved = state.get("lora")
+        if (saved is None) != (self.lora is None):
+            raise ValueError(f"the checkpoint was trained {'with' if saved else 'without'} model.lora but this run "
+                             f"is configured {'with' if self.lora else 'without'} it; resume with the run's own "
+                             "model.lora")
+        if saved is not None and saved["base_fingerprint"] != self.base_fingerprint:
+            raise ValueError(f"the checkpoint's adapter was trained on base model {state['model_name_or_path']!r}, but "
+                             f"this run loads {self.model_name_or_path!r}, a different model (fingerprint "
+                             f"{self.base_fingerprint} != {saved['base_fingerprint']}); resume with "
+                             f"--model.model_name_or_path {state['model_name_or_path']}")

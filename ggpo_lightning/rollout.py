@@ -10,11 +10,12 @@ batched, left padding); any object with the same methods can replace it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 
@@ -66,13 +67,15 @@ class RolloutEngine(Protocol):
         """Sample ``n`` responses for each prompt (token ids), one ``Generation`` per prompt, in order."""
         ...
 
-    def load_weights(self, learner: nn.Module, version: int) -> None:
-        """Copy the learner's weights into the engine's model and record ``version``."""
+    def load_weights(self, learner: nn.Module | Mapping[str, Tensor], version: int) -> None:
+        """Copy the learner's weights (a model, or its plain ``state_dict``, e.g. LoRA-merged) into the
+        engine's model and record ``version``."""
         ...
 
 
 class HFGenerateEngine:
-    """Samples with ``model.generate`` on a private copy of the learner.
+    """Samples with ``model.generate`` on a private copy of the learner (with LoRA: of the plain base
+    model, loaded with the merged weights at each sync).
 
     ``dtype`` lets the behavior model run in another precision than the learner
     (e.g. bf16 sampling for an fp32 learner: the training-inference mismatch setting).
@@ -89,10 +92,11 @@ class HFGenerateEngine:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
-    def load_weights(self, learner: nn.Module, version: int) -> None:
+    def load_weights(self, learner: nn.Module | Mapping[str, Tensor], version: int) -> None:
+        state = learner if isinstance(learner, Mapping) else learner.state_dict()
         with torch.no_grad():
             # load_state_dict copies (and casts to the engine's dtype) in place: no reallocation
-            self.model.load_state_dict(learner.state_dict())
+            self.model.load_state_dict(state)
         self.version = version
 
     def to(self, device: torch.device | str) -> HFGenerateEngine:

@@ -30,3 +30,13 @@ def tiny_lm(tiny_model_dir):
     from ggpo_lightning.models import load_causal_lm, load_tokenizer
 
     return load_causal_lm(tiny_model_dir, dtype="float32"), load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Train/test JSONL of one-digit sums (40/12 prompts), for module-level training tests."""
+    from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
+
+    directory = tmp_path_factory.mktemp("data")
+    write_splits(ArithmeticTask(max_operand=9, ops="+"), directory, n_train=40, n_test=12, seed=0)
+    return directory

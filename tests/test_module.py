@@ -10,15 +10,7 @@ from ggpo_lightning.data import PromptGroupDataModule
 from ggpo_lightning.module import GGPOModule, RolloutConfig
 from ggpo_lightning.objectives import ggpo_weights
 from ggpo_lightning.rollout import SamplingConfig
-from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 from ggpo_lightning.testing import make_group
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("data")
-    write_splits(ArithmeticTask(max_operand=9, ops="+"), directory, n_train=40, n_test=12, seed=0)
-    return directory
 
 
 def make_module(model_dir, **kwargs) -> GGPOModule:

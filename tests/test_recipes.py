@@ -42,6 +42,7 @@ def test_every_recipe_parses_and_prints_its_config(recipe, capsys):
     assert config["model"]["model_name_or_path"] == raw["model"]["model_name_or_path"]
     assert config["trainer"]["max_steps"] == raw["trainer"]["max_steps"]
     assert config["seed_everything"] == raw["seed_everything"]  # explicit, never `true`
+    assert config["model"]["lora"] == raw["model"].get("lora")  # null, or every LoRA field as written
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
