@@ -17,7 +17,7 @@ import random
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ggpo_lightning.atomic import atomic_write_text
 
@@ -131,11 +131,29 @@ def write_splits(
             f"n_train + n_test = {n_train + n_test} exceeds the {task.num_distinct_problems} distinct "
             f"problems of {task}; raise max_operand, add ops, or ask for fewer rows"
         )
-    directory = Path(directory)
-    train_path, test_path, record_path = (directory / name for name in ("train.jsonl", "test.jsonl", SPLITS_RECORD))
     params = {"generator_version": _GENERATOR_VERSION, "task": asdict(task),
               "n_train": n_train, "n_test": n_test, "seed": seed}
 
+    def make_rows() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        test_rows = _distinct(task, 2 * seed + 1, n_test, exclude=set())
+        train_rows = _distinct(task, 2 * seed, n_train, exclude={row["prompt"] for row in test_rows})
+        return train_rows, test_rows
+
+    return write_recorded_splits(directory, params, make_rows, "write_splits")
+
+
+def write_recorded_splits(directory: str | Path, params: dict[str, Any],
+                          make_rows: Callable[[], tuple[list[dict], list[dict]]],
+                          writer: str) -> tuple[Path, Path]:
+    """Write ``train.jsonl`` / ``test.jsonl`` of ``make_rows()`` once, recorded by ``params``.
+
+    ``params`` (JSON-able) go to ``task.json``; a later call with equal ``params`` reuses
+    the files, with other ``params`` raises ``ValueError`` naming the differences, and over
+    split files without a record (not written by ``writer``) raises ``FileExistsError``.
+    Every file is written atomically; rows are made before anything is written.
+    """
+    directory = Path(directory)
+    train_path, test_path, record_path = (directory / name for name in ("train.jsonl", "test.jsonl", SPLITS_RECORD))
     if record_path.exists():
         differences = _differences(json.loads(record_path.read_text(encoding="utf-8")), params)
         if differences:
@@ -148,14 +166,12 @@ def write_splits(
     elif train_path.exists() or test_path.exists():
         raise FileExistsError(
             f"{directory} holds train.jsonl or test.jsonl but no {SPLITS_RECORD}, so they were not written "
-            f"by write_splits; delete them or choose another directory."
+            f"by {writer}; delete them or choose another directory."
         )
-
+    train_rows, test_rows = make_rows()  # before any write: it may raise
     directory.mkdir(parents=True, exist_ok=True)
     # The record goes first: once it exists, missing split files are ours to (re)write.
     atomic_write_text(record_path, json.dumps(params, indent=2, sort_keys=True) + "\n")
-    test_rows = _distinct(task, 2 * seed + 1, n_test, exclude=set())
-    train_rows = _distinct(task, 2 * seed, n_train, exclude={row["prompt"] for row in test_rows})
     for path, rows in ((train_path, train_rows), (test_path, test_rows)):
         atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
     return train_path, test_path

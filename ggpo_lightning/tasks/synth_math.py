@@ -36,8 +36,7 @@ from typing import Any, Callable, Iterator
 
 import sympy
 
-from ggpo_lightning.atomic import atomic_write_text
-from ggpo_lightning.tasks.arithmetic import SPLITS_RECORD, _differences
+from ggpo_lightning.tasks.arithmetic import write_recorded_splits
 
 __all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "generate_synth_splits", "write_synth_splits"]
 
@@ -270,31 +269,8 @@ def write_synth_splits(config: SynthMathConfig, directory: str | Path) -> tuple[
     Returns:
         ``(train_path, test_path)``.
     """
-    directory = Path(directory)
-    train_path, test_path, record_path = (directory / name for name in ("train.jsonl", "test.jsonl", SPLITS_RECORD))
     # Through JSON so that the tuples compare equal to the lists read back from the record.
     params = json.loads(json.dumps({"task": "synth_math", "generator_version": _GENERATOR_VERSION,
                                     "families": config.families, "levels": config.levels,
                                     "n_train": config.n_train, "n_test": config.n_test, "seed": config.seed}))
-    if record_path.exists():
-        differences = _differences(json.loads(record_path.read_text(encoding="utf-8")), params)
-        if differences:
-            raise ValueError(
-                f"{directory} holds splits made with other parameters ({'; '.join(differences)}). "
-                f"Delete {directory} to regenerate them, or choose another directory."
-            )
-        if train_path.exists() and test_path.exists():
-            return train_path, test_path
-    elif train_path.exists() or test_path.exists():
-        raise FileExistsError(
-            f"{directory} holds train.jsonl or test.jsonl but no {SPLITS_RECORD}, so they were not written "
-            f"by write_synth_splits; delete them or choose another directory."
-        )
-
-    train_rows, test_rows = generate_synth_splits(config)  # before any write: it may raise
-    directory.mkdir(parents=True, exist_ok=True)
-    # The record goes first: once it exists, missing split files are ours to (re)write.
-    atomic_write_text(record_path, json.dumps(params, indent=2, sort_keys=True) + "\n")
-    for path, rows in ((train_path, train_rows), (test_path, test_rows)):
-        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
-    return train_path, test_path
+    return write_recorded_splits(directory, params, lambda: generate_synth_splits(config), "write_synth_splits")
