@@ -16,7 +16,7 @@ from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.module import GGPOModule, RolloutConfig
 from ggpo_lightning.rollout import SamplingConfig
 from ggpo_lightning.testing import make_group
-from test_module import fit, make_data, make_module
+from test_module import fit, fit_resumable, make_data, make_module
 
 pytest.importorskip("peft")
 
@@ -164,14 +164,7 @@ def _run(tiny_model_dir, data_dir, tmp_path, steps, ckpt_path=None, save_at=None
     torch.manual_seed(0)
     module = make_lora_module(model_dir or tiny_model_dir, ref_refresh_every=3,
                               rollout=RolloutConfig(k=3, sync_every=2, sampling=SamplingConfig(max_new_tokens=3)))
-    dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
-    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
-                                                     save_top_k=-1)] if save_at else []
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
-                        num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return module, dm, trainer
+    return fit_resumable(module, data_dir, tmp_path, steps, ckpt_path, save_at)
 
 
 def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_path):

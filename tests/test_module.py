@@ -34,6 +34,19 @@ def fit(module, datamodule, steps, callbacks=(), tmp_path=None, **trainer_kwargs
     return trainer
 
 
+def fit_resumable(module, data_dir, tmp_path, steps, ckpt_path=None, save_at=None):
+    """Fit with uniform replay, checkpointing every ``save_at`` steps into ``tmp_path/ckpt``
+    (or resuming from ``ckpt_path``); returns ``(module, datamodule, trainer)``."""
+    dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
+    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
+                                                     save_top_k=-1)] if save_at else []
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module, dm, trainer
+
+
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
@@ -160,14 +173,7 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
         module = make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
                                                                   sampling=SamplingConfig(max_new_tokens=3)),
                              ref_refresh_every=3)
-        dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
-        callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
-                                                         save_top_k=-1)] if save_at else []
-        trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
-                            num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
-        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-        return module, dm, trainer
+        return fit_resumable(module, data_dir, tmp_path, steps, ckpt_path, save_at)
 
     full, full_dm, full_trainer = run(6, save_at=4)
     resumed, resumed_dm, resumed_trainer = run(6, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt"))
