@@ -34,7 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ggpo_lightning.data import PromptRow, read_records
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
-from ggpo_lightning.rollout import generate_responses
+from ggpo_lightning.rollout import encode_prompt, generate_responses
 from ggpo_verifiers import GoldAnswerError, Verifier
 from ggpo_verifiers.extract import last_boxed
 
@@ -270,15 +270,6 @@ def check_settings(k: int, temperature: float, top_p: float, template: str = "{p
     _apply_template(template, "")
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, text: str, chat_template: bool) -> list[int]:
-    """Token ids of a prompt: as it is, or as a user turn of the chat template (as GGPOModule.encode_prompt)."""
-    if chat_template:
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
-    return tokenizer(text)["input_ids"]
-
-
 def _apply_template(template: str, prompt: str) -> str:
     try:
         return template.format(prompt=prompt)
@@ -311,7 +302,7 @@ def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, r
     decoding: dict[str, Any] = {"do_sample": False}
     if temperature > 0:
         decoding = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-    prompts = [_encode(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
+    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
     flat = [p for p in prompts for _ in range(k)]  # problem i's samples at rows i*k .. i*k+k-1
     device = next(model.parameters()).device
     was_training = model.training

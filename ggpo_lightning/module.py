@@ -42,7 +42,7 @@ from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprin
                                  save_adapter, wrap)
 from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
 from ggpo_lightning.objectives import get_objective, ggpo_diagnostics
-from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig, generate_responses
+from ggpo_lightning.rollout import HFGenerateEngine, SamplingConfig, encode_prompt, generate_responses
 
 __all__ = ["GGPOModule", "RolloutConfig"]
 
@@ -253,11 +253,7 @@ class GGPOModule(L.LightningModule):
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a prompt: as it is, or as a user turn of the chat template."""
-        if self.chat_template:
-            encoded = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                         add_generation_prompt=True, tokenize=True, return_dict=True)
-            return list(encoded["input_ids"])
-        return self.tokenizer(text)["input_ids"]
+        return encode_prompt(self.tokenizer, text, self.chat_template)
 
     @torch.no_grad()
     def rollout(self, rows: list[PromptRow]) -> list[RolloutGroup]:

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 
-__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig", "generate_responses"]
+__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig", "encode_prompt",
+           "generate_responses"]
 
 
 @dataclass
@@ -139,6 +140,16 @@ class HFGenerateEngine:
     def _sample(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[int]]:
         return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, do_sample=True,
                                   temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int]:
+    """Token ids of a prompt: the text as it is (base models), or as a user turn of the
+    tokenizer's chat template with the generation prompt appended (instruction-tuned models)."""
+    if chat_template:
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)
+        return list(encoded["input_ids"])
+    return tokenizer(text)["input_ids"]
 
 
 @torch.no_grad()
