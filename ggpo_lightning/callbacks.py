@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
+import torch
 
 from ggpo_lightning.atomic import atomic_write_text
+from ggpo_lightning.distributed import sum_across_ranks
 
 __all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary"]
 
@@ -84,18 +86,23 @@ class RunSummary(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
         rows = trainer.datamodule.val_rows
-        if self.accuracy_before is None and rows and trainer.is_global_zero:
+        if self.accuracy_before is None and rows:  # every rank: evaluation is split across ranks
             self.accuracy_before = pl_module.evaluate(rows)
-            print(f"held-out accuracy of the starting model: {self.accuracy_before:.3f} ({len(rows)} prompts)",
-                  flush=True)
+            if trainer.is_global_zero:
+                print(f"held-out accuracy of the starting model: {self.accuracy_before:.3f} ({len(rows)} prompts)",
+                      flush=True)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
+        # Evaluation, the sharded export's gather and the sample count are collectives: every rank
+        # takes part; rank 0 alone writes.
         rows = trainer.datamodule.val_rows
         accuracy_after = pl_module.evaluate(rows) if rows else None
         run_dir = self.run_dir(trainer)
         exported = pl_module.exports(run_dir) if self.export else {}
+        generated = int(sum_across_ranks(torch.tensor([pl_module.generated_samples], dtype=torch.float64,
+                                                          device=pl_module.device)).item())
+        if not trainer.is_global_zero:
+            return
         for target, write in exported.items():
             self._write_folder(target, write)
         exported_names = {target.name: str(target) for target in exported}
@@ -105,7 +112,7 @@ class RunSummary(L.Callback):
             "accuracy_before": self.accuracy_before,
             "accuracy_after": accuracy_after,
             "optimizer_steps": trainer.global_step,
-            "generated_samples": pl_module.generated_samples,
+            "generated_samples": generated,
             "skipped_nan_steps": pl_module.nan_steps,
             "wall_seconds": round(self._wall_before + time.perf_counter() - self._start, 2),
             "val_prompts": len(rows),

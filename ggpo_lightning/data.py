@@ -11,6 +11,13 @@ The training dataloader is an endless stream; each item is one optimizer step's
 Rolling out needs the models, which live in the LightningModule: the stream calls
 ``trainer.lightning_module.rollout(rows)``. Everything runs in the main process
 (``num_workers=0``): the engine's model must not be copied into worker processes.
+
+On several processes (DDP, FSDP) ``prompts_per_step`` counts the whole step: every rank
+walks the same prompt order and takes every ``world``-th prompt of each step from its
+rank on (``distributed.rank_share``), so ranks see disjoint prompts, each group (all K
+responses) stays on the rank that generated it, and each rank keeps its own buffer. A
+buffer file is split the same way; an offline fill is gathered back, in the order one
+process would have written it, into one ``behavior_buffer.jsonl``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
+from ggpo_lightning.distributed import all_gather_objects, interleave, rank_share, world
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 
 __all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_dataset_rows", "load_prompt_rows",
@@ -138,6 +146,17 @@ def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: st
     if not rows:
         raise ValueError(f"{label}: no prompts found")
     return rows
+
+
+class _Once(IterableDataset):
+    """One batch, ``items`` whole, on every rank (no distributed sampler splits an iterable dataset):
+    the module's evaluation splits prompts across ranks itself."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __iter__(self) -> Iterator[list]:
+        yield self.items
 
 
 class _GroupStream(IterableDataset):
@@ -255,6 +274,10 @@ class PromptGroupDataModule(L.LightningDataModule):
             write_splits(s.task, Path(self.train_path).parent, s.n_train, s.n_test, s.seed)
 
     def setup(self, stage: str) -> None:
+        _, world_size = world()
+        if self.prompts_per_step % world_size:
+            raise ValueError(f"data.prompts_per_step ({self.prompts_per_step}) must be a multiple of the number of "
+                             f"processes ({world_size}): each rank trains on an equal share of the step's groups")
         if not self.train_rows:
             self.train_rows = self._load(self.train_path, self.dataset["train_split"])
         if not self.val_rows:
@@ -280,20 +303,31 @@ class PromptGroupDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if not self.val_rows:
             return []
-        return DataLoader(self.val_rows, batch_size=len(self.val_rows), num_workers=0, collate_fn=_identity)
+        return DataLoader(_Once(self.val_rows), batch_size=None, num_workers=0, collate_fn=_identity)
 
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
         # Batches are lists of RolloutGroup / PromptRow (Python objects); the module builds device tensors.
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"buffer": self.buffer.state_dict(), "order": self._order, "cursor": self._cursor,
-                "epoch": self._epoch, "filled": self._filled}
+        # Called on every rank; Lightning saves rank 0's: each rank's buffer is gathered into it.
+        return {"buffers": all_gather_objects(self.buffer.state_dict()), "order": self._order,
+                "cursor": self._cursor, "epoch": self._epoch, "filled": self._filled}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer.load_state_dict(state["buffer"])
+        self.buffer.load_state_dict(self._my_buffer_state(state.get("buffers") or [state["buffer"]]))
         self._order, self._cursor, self._epoch = state["order"], state["cursor"], state["epoch"]
         self._filled = state["filled"]
+
+    @staticmethod
+    def _my_buffer_state(buffers: list[dict[str, Any]]) -> dict[str, Any]:
+        """This rank's saved buffer; saved by another number of processes, all groups back in one order
+        (oldest first, as one process would hold them) and split anew."""
+        rank, world_size = world()
+        if len(buffers) == world_size:
+            return buffers[rank]
+        groups = interleave([b["groups"] for b in buffers])
+        return {**buffers[0], "groups": rank_share(groups, rank, world_size), "pass": []}
 
     # ------------------------------------------------------------------ the data path
 
@@ -311,13 +345,14 @@ class PromptGroupDataModule(L.LightningDataModule):
         return rows
 
     def next_batch(self) -> list[RolloutGroup]:
-        """One optimizer step's prompt groups (rolling out first, as the mode says)."""
+        """This rank's share of one optimizer step's prompt groups (rolling out first, as the mode says)."""
         module = self.trainer.lightning_module
+        rank, world_size = world()
         if self.mode == "online":
-            self.buffer.add(module.rollout(self.next_prompts(self.prompts_per_step)))
+            self.buffer.add(module.rollout(rank_share(self.next_prompts(self.prompts_per_step), rank, world_size)))
         elif not self._filled:
             self._fill_offline(module)
-        groups = self.buffer.draw(self.prompts_per_step, current_version=self.trainer.global_step)
+        groups = self.buffer.draw(self.prompts_per_step // world_size, current_version=self.trainer.global_step)
         if not groups:
             raise RuntimeError(
                 f"the behavior buffer has no groups to draw (size {len(self.buffer)}, draw "
@@ -326,16 +361,27 @@ class PromptGroupDataModule(L.LightningDataModule):
         return groups
 
     def _fill_offline(self, module: L.LightningModule) -> None:
+        rank, world_size = world()
         if self.buffer_path is not None:
-            self.buffer.add(BehaviorBuffer.load_jsonl(self.buffer_path).groups())
+            self.buffer.add(rank_share(BehaviorBuffer.load_jsonl(self.buffer_path).groups(), rank, world_size))
         else:
             count = self.offline_prompts or len(self.train_rows)
-            rows = self.next_prompts(count)
-            for start in range(0, count, self.prompts_per_step):
-                self.buffer.add(module.rollout(rows[start:start + self.prompts_per_step]))
-            # The generated data set, reusable as data.buffer_path (same data, no generation).
-            path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "behavior_buffer.jsonl"
-            if self.trainer.is_global_zero:
-                self.buffer.save_jsonl(path)
-                print(f"offline behavior data ({len(self.buffer)} groups) saved to {path}", flush=True)
+            rows = rank_share(self.next_prompts(count), rank, world_size)
+            per_call = self.prompts_per_step // world_size
+            for start in range(0, len(rows), per_call):
+                self.buffer.add(module.rollout(rows[start:start + per_call]))
+            self._save_offline_data()
         self._filled = True
+
+    def _save_offline_data(self) -> None:
+        """The generated data set, reusable as data.buffer_path (same data, no generation): every rank's
+        groups, interleaved back into the prompt order, in one file written by rank 0."""
+        groups = [RolloutGroup.from_dict(g) for g in interleave(all_gather_objects(
+            [g.to_dict() for g in self.buffer.groups()]))]
+        if not self.trainer.is_global_zero:
+            return
+        merged = BehaviorBuffer()
+        merged.add(groups)
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "behavior_buffer.jsonl"
+        merged.save_jsonl(path)
+        print(f"offline behavior data ({len(merged)} groups) saved to {path}", flush=True)

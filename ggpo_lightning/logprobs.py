@@ -16,7 +16,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["pack_sequences", "sequence_logprobs", "token_logprobs"]
+__all__ = ["SHARDED_FORWARD", "chunked_token_logprobs", "pack_sequences", "sequence_logprobs", "token_logprobs"]
+
+SHARDED_FORWARD = "ggpo_token_logprobs"
+"""Attribute under which an FSDP2-sharded model carries ``chunked_token_logprobs`` as a registered
+forward method (``distributed.shard_decoder_layers``). The computation calls the body and the
+output head separately, never ``model.forward``; FSDP2 gathers the root's weights (embeddings,
+final norm, head) only around the model's forwards, so it must be one of them."""
 
 
 def pack_sequences(
@@ -82,6 +88,15 @@ def token_logprobs(
         raise ValueError("target_mask[:, 0] must be False: the first token has no context to predict it from")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    sharded_forward = getattr(model, SHARDED_FORWARD, None)
+    if sharded_forward is not None:
+        return sharded_forward(input_ids, attention_mask, target_mask, chunk_size)
+    return chunked_token_logprobs(model, input_ids, attention_mask, target_mask, chunk_size)
+
+
+def chunked_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor,
+                           chunk_size: int) -> Tensor:
+    """``token_logprobs`` without its argument checks: the body once, the output head in chunks."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # [B, L]
     targets = input_ids[target_mask]  # [N]
     parts = _decoder_and_head(model)

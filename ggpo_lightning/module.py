@@ -37,6 +37,8 @@ from torch import Tensor
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync
 from ggpo_lightning.data import PromptRow
+from ggpo_lightning.distributed import (all_gather_objects, broadcast_from_rank0_, copy_weights_, full_state_items, is_sharded, rank_share,
+                                        shard_decoder_layers, sum_across_ranks, world)
 from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
 from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  save_adapter, wrap)
@@ -63,6 +65,12 @@ class RolloutConfig:
     """Temperature, top-p, response length, generation batch size."""
     dtype: str | None = None
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
+
+
+def _summed_metric(name: str) -> bool:
+    """Metrics that add up over ranks (sample counts, verifier outcome counts, throughput); the rest are means."""
+    return name in ("generated_samples", "rollout_tokens_per_s") or (
+        name.startswith("verifier/") and name != "verifier/accuracy")
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
@@ -220,6 +228,11 @@ class GGPOModule(L.LightningModule):
         if self.verifier is None:
             self.verifier = get_verifier(self.verifier_spec, timeout=self.verifier_timeout)
         self.engine.to(self.device)
+        rank, _ = world()
+        if rank > 0 and stage == "fit":
+            # every rank starts from the same seed: give each other rank its own sampling stream
+            # (rank 0 keeps the stream a single process would have)
+            torch.manual_seed(torch.initial_seed() + 1_000_003 * rank)
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None:
             self._validate_golds(datamodule.train_rows + datamodule.val_rows)
@@ -244,6 +257,35 @@ class GGPOModule(L.LightningModule):
         if self.reference is not None:
             self.reference.eval()  # frozen: no dropout, whatever Lightning toggles
         return self
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: shard learner and reference with FSDP2, layer by layer.
+
+        Both get the same data-parallel mesh and layout, so a reference refresh copies local
+        shards. With ``bf16-mixed`` precision, layers are gathered and run in bfloat16 and
+        gradients reduced in float32. The rollout engine keeps full weights (see
+        ``sync_rollout_engine``). Other strategies (single device, DDP): nothing to do.
+        """
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if self._trainer is None or not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        if is_sharded(self.learner):
+            return  # configure_model runs again on a later fit/validate: shard once
+        if self.lora is not None:
+            raise ValueError("model.lora is not supported with ModelParallelStrategy (FSDP2) yet; use "
+                             "trainer.strategy: ddp for LoRA on several devices")
+        mesh = self.device_mesh
+        if mesh["tensor_parallel"].size() > 1:
+            raise ValueError(f"trainer.strategy: tensor parallelism is not supported; set "
+                             f"tensor_parallel_size: 1 and data_parallel_size: {mesh.size()} (FSDP over all devices)")
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = None
+        if str(self.trainer.precision) == "bf16-mixed":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for model in (self.learner, self.reference):
+            shard_decoder_layers(model, mesh["data_parallel"], policy)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # with LoRA the frozen base has requires_grad=False: only the adapter reaches the optimizer
@@ -349,14 +391,28 @@ class GGPOModule(L.LightningModule):
         self._rollout_seconds, self._rollout_tokens = 0.0, 0
         verifier_stats = self.verifier.reset_stats().as_dict(prefix="verifier/")
         metrics.update({k: torch.tensor(float(v)) for k, v in verifier_stats.items()})
-        if not torch.isfinite(loss):
+        metrics = self._reduce_across_ranks({"loss": loss.detach(), **metrics})
+        if not torch.isfinite(metrics["loss"]):  # the mean over ranks: every rank skips the same steps
             return self._skip_nan_step(metrics)
         self._nan_streak = 0
         self._train_clock = (start, int(batch["attention_mask"].sum()))  # read after the update
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=len(groups))
+        self.log("train/loss", metrics.pop("loss"), prog_bar=True, batch_size=len(groups))
         self.log("train/reward", metrics.pop("reward"), prog_bar=True, batch_size=len(groups))
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
         return loss
+
+    def _reduce_across_ranks(self, metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Each step metric over all ranks, in one all-reduce: counters and throughputs summed, the rest averaged.
+
+        Every rank holds the same number of groups, so the mean of the ranks' losses is the
+        loss of the whole step's groups, as on one process.
+        """
+        _, world_size = world()
+        if world_size == 1:
+            return metrics
+        names = list(metrics)
+        totals = sum_across_ranks(torch.stack([metrics[n].detach().float().to(self.device) for n in names]))
+        return {n: total if _summed_metric(n) else total / world_size for n, total in zip(names, totals)}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
@@ -397,8 +453,15 @@ class GGPOModule(L.LightningModule):
         return contextlib.nullcontext(self.reference) if self.lora is None else adapter_disabled(self.learner)
 
     def sync_rollout_engine(self) -> None:
-        """Copy the learner's weights into the rollout engine (the behavior policy); with LoRA, merged."""
-        weights = self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
+        """Copy the learner's weights into the rollout engine (the behavior policy); with LoRA, merged.
+
+        Sharded (FSDP2): every rank gathers the full weights, one tensor at a time, into its
+        own engine: one gather per sync, and each rank then generates for its own prompts.
+        """
+        if is_sharded(self.learner):
+            weights = full_state_items(self.learner)
+        else:
+            weights = self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
         self.engine.load_weights(weights, version=self.global_step)
 
     def refresh_reference(self) -> None:
@@ -413,9 +476,11 @@ class GGPOModule(L.LightningModule):
         restarts the KL term.
         """
         if self.lora is None:
-            self.reference.load_state_dict(self.learner.state_dict())
+            copy_weights_(self.reference, self.learner)  # sharded alike: local shards, no communication
             return
         merge_and_reset(self.learner)
+        # the fresh adapter's A is drawn from each rank's own RNG stream: replicas take rank 0's
+        broadcast_from_rank0_([p for p in self.learner.parameters() if p.requires_grad])
         self.lora_merges += 1
         for optimizer in self.trainer.optimizers if self._trainer is not None else []:
             optimizer.state.clear()  # it holds the adapter's parameters only
@@ -428,6 +493,11 @@ class GGPOModule(L.LightningModule):
 
         Sampled evaluation draws from a forked, fixed-seed RNG: it neither consumes nor
         depends on the training RNG, so validation does not change the rollouts that follow.
+
+        On several processes every rank must call it: each scores its share of ``rows``
+        and the counts are summed. A sharded learner's forward is a collective, so all
+        ranks make the same number of ``generate`` calls (a rank out of prompts repeats
+        one and discards the result) and generate with ``synced_gpus``.
         """
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
@@ -435,22 +505,32 @@ class GGPOModule(L.LightningModule):
         if self.eval_temperature > 0:
             decoding = {"do_sample": True, "temperature": self.eval_temperature,
                         "top_p": self.rollout_config.sampling.top_p, "top_k": 0}
+        if is_sharded(self.learner):
+            decoding["synced_gpus"] = True
+        rank, world_size = world()
+        share = rank_share(rows, rank, world_size)
+        calls = math.ceil(math.ceil(len(rows) / world_size) / self.eval_batch_size)
         was_training = self.learner.training
         self.learner.eval()
         responses: list[list[int]] = []
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(0)
-            for start in range(0, len(rows), self.eval_batch_size):
-                prompts = [self.encode_prompt(r.prompt) for r in rows[start:start + self.eval_batch_size]]
-                responses.extend(generate_responses(self.learner, self.tokenizer, prompts, self.eval_max_new_tokens,
-                                                    **decoding))
+            for start in range(0, calls * self.eval_batch_size, self.eval_batch_size):
+                batch = share[start:start + self.eval_batch_size]
+                prompts = [self.encode_prompt(r.prompt) for r in batch or rows[:1]]
+                generated = generate_responses(self.learner, self.tokenizer, prompts, self.eval_max_new_tokens,
+                                               **decoding)
+                responses.extend(generated[:len(batch)])
         self.learner.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = self.verifier.score_batch(texts, [r.gold for r in rows])
-        return sum(scores) / len(scores)
+        scores = self.verifier.score_batch(texts, [r.gold for r in share]) if share else []
+        correct, total = sum_across_ranks(torch.tensor([float(sum(scores)), float(len(share))], dtype=torch.float64,
+                                                        device=self.device))
+        return float(correct / total)
 
     def validation_step(self, rows: list[PromptRow], batch_idx: int) -> None:
-        self.log("val/accuracy", self.evaluate(rows), prog_bar=True, batch_size=len(rows))
+        # already over all ranks; sync_dist only tells Lightning so (a mean of equal values)
+        self.log("val/accuracy", self.evaluate(rows), prog_bar=True, batch_size=len(rows), sync_dist=True)
 
     # ------------------------------------------------------------------ export
 
@@ -465,8 +545,14 @@ class GGPOModule(L.LightningModule):
         original base would not be the trained learner). With ``lora.export_merged`` also
         ``final_model/``: base and adapter merged, a plain transformers model. Each folder
         holds the tokenizer too.
+
+        Sharded (FSDP2): every rank must call it (the full weights are gathered to rank 0,
+        which alone gets the writer); the export is the same single ``save_pretrained``
+        folder as from one process.
         """
         if self.lora is None:
+            if is_sharded(self.learner):
+                return self._gathered_export(run_dir / "final_model")
             return {run_dir / "final_model": self._writer(self.learner.save_pretrained)}
         adapter_dir = run_dir / "final_adapter"
 
@@ -483,6 +569,20 @@ class GGPOModule(L.LightningModule):
             targets[run_dir / "final_model"] = self._writer(self._save_plain(merged=True))
         return targets
 
+    def _gathered_export(self, target: Path) -> dict[Path, Callable[[Path], None]]:
+        """The sharded learner's full weights on rank 0, as a plain transformers model there (nothing elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from transformers import AutoModelForCausalLM
+
+        state = get_model_state_dict(self.learner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if world()[0] != 0:
+            return {}
+        with torch.device("meta"):  # no second initialization: the weights are assigned
+            plain = AutoModelForCausalLM.from_config(self.learner.config)
+        plain.load_state_dict(state, assign=True)
+        plain.tie_weights()
+        return {target: self._writer(plain.save_pretrained)}
+
     def _save_plain(self, merged: bool) -> Callable[[Path], None]:
         """Saves the LoRA learner as a plain transformers model: base alone, or base and adapter merged."""
         return lambda directory: self.learner.get_base_model().save_pretrained(
@@ -498,13 +598,14 @@ class GGPOModule(L.LightningModule):
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Called on every rank; Lightning writes rank 0's dict, so the per-rank state is gathered into it.
         checkpoint["ggpo"] = {
             "model_name_or_path": self.model_name_or_path,  # what ggpo eval loads the learner weights into
             "engine_version": self.engine.version,
-            "engine_state": self.engine.model.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "engine_state": self.engine.model.state_dict(),  # full weights, the same on every rank
             "nan_steps": self.nan_steps,
-            "generated_samples": self.generated_samples,
+            "ranks": all_gather_objects({"rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+                                         "generated_samples": self.generated_samples}),
         }
         if self.lora is not None:
             checkpoint["ggpo"]["lora"] = {"settings": asdict(self.lora), "base_fingerprint": self.base_fingerprint,
@@ -515,12 +616,31 @@ class GGPOModule(L.LightningModule):
         self._check_base(state)
         self.engine.model.load_state_dict(state["engine_state"])
         self.engine.version = state["engine_version"]
-        # the sampling RNG, so that a resumed run draws the responses an uninterrupted one would
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        self.nan_steps, self.generated_samples = state["nan_steps"], state["generated_samples"]
+        self.nan_steps = state["nan_steps"]
+        # checkpoints before per-rank state held one process's state at the top level
+        self._restore_rank_state(state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}])
         if self.lora is not None:
             self.lora_merges = state["lora"]["merges"]
+
+    def _restore_rank_state(self, ranks: list[dict[str, Any]]) -> None:
+        """This rank's sampling RNG and sample count, so that a resumed run draws what an uninterrupted one would.
+
+        A checkpoint written by another number of processes resumes too (the weights are
+        resharded by the strategy), but the per-rank sampling streams cannot be mapped:
+        each rank keeps its fresh seed, and the run continues without repeating the
+        uninterrupted one draw for draw.
+        """
+        rank, world_size = world()
+        if len(ranks) == world_size:
+            mine = ranks[rank]
+            torch.set_rng_state(mine["rng"]["torch"])
+            random.setstate(mine["rng"]["python"])
+            self.generated_samples = mine["generated_samples"]
+            return
+        log.warning("the checkpoint was written by %d processes and resumes on %d: the per-rank sampling RNG "
+                    "starts fresh (the run continues, but not draw for draw as it would have)", len(ranks),
+                    world_size)
+        self.generated_samples = sum(r["generated_samples"] for r in ranks) if rank == 0 else 0
 
     def _check_base(self, state: dict[str, Any]) -> None:
         """A LoRA checkpoint resumes only on the base it was trained on (and only as LoRA).

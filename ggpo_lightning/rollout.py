@@ -10,9 +10,9 @@ batched, left padding); any object with the same methods can replace it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -57,6 +57,23 @@ class Generation:
     top-p), when the engine records them: what ratio-based objectives (GRPO) compare against."""
 
 
+Weights = Union[nn.Module, Mapping[str, Tensor], Iterable[tuple[str, Tensor]]]
+"""What a rollout engine loads: a model, a state dict, or a stream of ``(name, tensor)`` pairs."""
+
+
+def _copy_pairs(model: nn.Module, pairs: Iterable[tuple[str, Tensor]]) -> None:
+    """Copy streamed ``(name, tensor)`` pairs into ``model``'s state in place; every entry exactly once."""
+    target = model.state_dict()
+    seen = set()
+    for name, tensor in pairs:
+        if name not in target:
+            raise KeyError(f"the engine's model has no weight named {name!r}")
+        target[name].copy_(tensor)
+        seen.add(name)
+    if seen != target.keys():
+        raise KeyError(f"weights missing from the stream: {sorted(target.keys() - seen)[:5]}")
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the trainer needs from a rollout engine."""
@@ -68,9 +85,9 @@ class RolloutEngine(Protocol):
         """Sample ``n`` responses for each prompt (token ids), one ``Generation`` per prompt, in order."""
         ...
 
-    def load_weights(self, learner: nn.Module | Mapping[str, Tensor], version: int) -> None:
-        """Copy the learner's weights (a model, or its plain ``state_dict``, e.g. LoRA-merged) into the
-        engine's model and record ``version``."""
+    def load_weights(self, learner: Weights, version: int) -> None:
+        """Copy the learner's weights (a model, its plain ``state_dict``, e.g. LoRA-merged, or
+        ``(name, tensor)`` pairs, e.g. gathered from shards) into the engine's model and record ``version``."""
         ...
 
 
@@ -93,11 +110,14 @@ class HFGenerateEngine:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
-    def load_weights(self, learner: nn.Module | Mapping[str, Tensor], version: int) -> None:
-        state = learner if isinstance(learner, Mapping) else learner.state_dict()
+    def load_weights(self, learner: Weights, version: int) -> None:
+        state = learner.state_dict() if isinstance(learner, nn.Module) else learner
         with torch.no_grad():
-            # load_state_dict copies (and casts to the engine's dtype) in place: no reallocation
-            self.model.load_state_dict(state)
+            # copies (and casts to the engine's dtype) in place: no reallocation
+            if isinstance(state, Mapping):
+                self.model.load_state_dict(state)
+            else:
+                _copy_pairs(self.model, state)
         self.version = version
 
     def to(self, device: torch.device | str) -> HFGenerateEngine:

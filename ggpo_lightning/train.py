@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -12,7 +16,7 @@ from ggpo_lightning.callbacks import RunSummary
 from ggpo_lightning.data import PromptGroupDataModule
 from ggpo_lightning.module import GGPOModule
 
-__all__ = ["GGPOTrainCLI", "run_training"]
+__all__ = ["GGPOTrainCLI", "check_devices", "run_training"]
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -33,6 +37,33 @@ class GGPOTrainCLI(LightningCLI):
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
 
+    def before_instantiate_classes(self) -> None:
+        check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
+
+
+def check_devices(accelerator: Any, devices: Any) -> None:
+    """A recipe asking for more GPUs (or CPU processes) than this machine has fails here, naming the setting.
+
+    Lightning would fail later, inside the processes it starts, or oversubscribe the CPU.
+    """
+    try:
+        requested = int(devices)
+    except (TypeError, ValueError):
+        return  # "auto", a list of device ids: Lightning resolves and checks those
+    name = str(accelerator).lower()
+    if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
+        available, kind = torch.cuda.device_count(), "GPU(s)"
+    elif name == "cpu":
+        available, kind = os.cpu_count() or 1, "CPU cores (one process each)"
+    else:
+        return
+    if requested <= available:
+        return
+    fix = (f"set --trainer.devices {available} (data.prompts_per_step stays the whole step's prompts)" if available
+           else "set --trainer.accelerator cpu")
+    raise ValueError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
+                     "or run on a machine with more")
+
 
 def _recipe_name(config_paths: list) -> str | None:
     """``quickstart`` for one config; ``qwen3-1.7b-math+grpo`` for a base recipe plus an overlay."""
@@ -41,8 +72,9 @@ def _recipe_name(config_paths: list) -> str | None:
 
 # Lightning warnings that describe this trainer's design, not a user's mistake: the
 # frozen reference is in eval mode on purpose; the dataloader_iter step is what keeps
-# rollouts from being prefetched ahead of the weight sync.
-_EXPECTED_WARNINGS = (r".*module\(s\) in eval mode.*", r".*dataloader_iter.*")
+# rollouts from being prefetched ahead of the weight sync; a sharded ``last.ckpt`` folder is
+# rewritten on purpose at every save.
+_EXPECTED_WARNINGS = (r".*module\(s\) in eval mode.*", r".*dataloader_iter.*", r".*Detected an existing checkpoint.*")
 
 
 def run_training(args: list[str] | None = None) -> GGPOTrainCLI:

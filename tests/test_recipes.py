@@ -45,6 +45,26 @@ def test_every_recipe_parses_and_prints_its_config(recipe, capsys):
     assert config["model"]["lora"] == raw["model"].get("lora")  # null, or every LoRA field as written
 
 
+@pytest.mark.parametrize("scaled,single,differ", [
+    ("fsdp-cpu-2proc.yaml", "quickstart.yaml", set()),
+    ("qwen3-1.7b-math-8gpu.yaml", "qwen3-1.7b-math.yaml", {"prompts_per_step"}),
+    ("qwen3-4b-math-8gpu.yaml", "qwen3-1.7b-math.yaml", {"prompts_per_step", "model_name_or_path"}),
+])
+def test_multi_device_recipes_change_only_devices_and_batch(scaled, single, differ):
+    """A sharded recipe trains what its one-device counterpart trains (only devices, strategy, batch, name)."""
+    many, one = (yaml.safe_load((RECIPES / name).read_text()) for name in (scaled, single))
+    assert many["trainer"]["strategy"]["class_path"] == "lightning.pytorch.strategies.ModelParallelStrategy"
+    assert many["trainer"]["strategy"]["init_args"] == {"data_parallel_size": many["trainer"]["devices"],
+                                                        "tensor_parallel_size": 1}
+    assert many["data"]["prompts_per_step"] % many["trainer"]["devices"] == 0
+    for section in ("model", "data"):
+        changed = {k for k in many[section].keys() | one[section].keys() if many[section].get(k) != one[section].get(k)}
+        assert changed == differ & (many[section].keys() | one[section].keys()), section
+    ignore = {"devices", "strategy", "logger"}
+    assert {k: v for k, v in many["trainer"].items() if k not in ignore} == \
+        {k: v for k, v in one["trainer"].items() if k not in ignore}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 @pytest.mark.parametrize("base", BASES, ids=lambda p: p.name)
 def test_baseline_overlays_change_only_the_objective_side(base, overlay, capsys):

@@ -1,0 +1,184 @@
+"""Two CPU processes (gloo) against one: FSDP2 through ModelParallelStrategy, and DDP.
+
+Each run is a real ``ggpo-train`` subprocess on the tiny model; Lightning starts the
+second rank itself. All runs train offline on the same buffer file with FIFO draws, so
+a 2-process step sees exactly the groups of the 1-process step, split between ranks,
+and their losses and updated weights must agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ggpo_lightning.buffer import BehaviorBuffer
+from ggpo_lightning.models import load_tokenizer
+from ggpo_lightning.testing import make_group
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
+STEPS, PROMPTS, SYNC_EVERY, REFRESH_EVERY = 4, 4, 3, 2
+SINGLE = ["--config", str(RECIPES / "quickstart.yaml")]
+FSDP = ["--config", str(RECIPES / "fsdp-cpu-2proc.yaml")]
+DDP = [*FSDP, "--trainer.strategy", "ddp"]
+
+
+@dataclass
+class Workload:
+    root: Path
+    model: Path
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory, tiny_model_dir, data_dir) -> Workload:
+    """A buffer file of 16 groups (4 steps x 4 prompts) with mixed rewards, from the tiny tokenizer."""
+    root = tmp_path_factory.mktemp("distributed")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rng = random.Random(0)
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    groups = []
+    for i in range(STEPS * PROMPTS):
+        responses = [[rng.choice(digits) for _ in range(rng.randint(1, 3))] + [tokenizer.eos_token_id]
+                     for _ in range(8)]
+        rewards = [float(j % 3 == i % 3) for j in range(8)]
+        groups.append(make_group(tokenizer(f"{i % 10}+{i // 10}=")["input_ids"], responses, rewards,
+                                 prompt_id=f"g{i}"))
+    buffer = BehaviorBuffer()
+    buffer.add(groups)
+    buffer.save_jsonl(root / "buffer.jsonl")
+    return Workload(root, tiny_model_dir, data_dir)
+
+
+def train(w: Workload, name: str, *args: str) -> Path:
+    """One ggpo-train run (and the ranks it starts) in a subprocess; returns its run directory."""
+    (w.root / name).mkdir()
+    callbacks = w.root / name / "trace.yaml"
+    callbacks.write_text(json.dumps({"trainer": {"callbacks": [
+        {"class_path": "rank_trace.RankTrace", "init_args": {"out_dir": str(w.root / name / "trace")}}]}}))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
+    env.pop("PL_GLOBAL_SEED", None)
+    command = [
+        sys.executable, "-m", "ggpo_lightning.train", *args, "--config", str(callbacks),
+        "--model.model_name_or_path", str(w.model), "--model.tiny_model", "null",
+        "--model.rollout.sync_every", str(SYNC_EVERY), "--model.ref_refresh_every", str(REFRESH_EVERY),
+        "--model.eval_max_new_tokens", "3",
+        "--data.train_path", str(w.data / "train.jsonl"), "--data.val_path", str(w.data / "test.jsonl"),
+        "--data.synthetic", "null", "--data.val_size", "8",
+        "--data.mode", "offline", "--data.buffer_path", str(w.root / "buffer.jsonl"), "--data.buffer_draw", "fifo",
+        "--data.prompts_per_step", str(PROMPTS),
+        "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.logger.init_args.save_dir", str(w.root / name), "--trainer.logger.init_args.name", "run",
+        "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k", "-1",
+    ]
+    result = subprocess.run(command, env=env, cwd=w.root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return w.root / name / "run" / "version_0"
+
+
+def trace(run_dir: Path) -> dict[int, list[dict]]:
+    """Each rank's per-step records (the last one is the state after training)."""
+    files = sorted((run_dir.parents[1] / "trace").glob("rank*.jsonl"))
+    return {int(f.stem[4:]): [json.loads(line) for line in f.read_text().splitlines()] for f in files}
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = csv.DictReader(open(run_dir / "metrics.csv"))
+    return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "final_model" / "model.safetensors")
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 2e-6) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def single(workload) -> Path:
+    return train(workload, "single", *SINGLE)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_two_processes_train_as_one_on_the_same_groups(workload, single, strategy):
+    run = train(workload, strategy, *(FSDP if strategy == "fsdp" else DDP))
+    one, two = trace(single), trace(run)
+    assert sorted(two) == [0, 1]
+
+    # disjoint groups per rank, together the single process's groups of that step
+    for step in range(STEPS):
+        ids0, ids1 = two[0][step]["prompt_ids"], two[1][step]["prompt_ids"]
+        assert len(ids0) == len(ids1) == PROMPTS // 2 and not set(ids0) & set(ids1)
+        assert sorted(ids0 + ids1) == sorted(one[0][step]["prompt_ids"])
+
+    # the same loss (mean over ranks, as logged) and the same updated weights
+    torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(single)), rtol=1e-5, atol=1e-6)
+    for step in range(STEPS):
+        mean = (two[0][step]["local_loss"] + two[1][step]["local_loss"]) / 2
+        assert mean == pytest.approx(one[0][step]["local_loss"], rel=1e-5, abs=1e-6)
+    start = load_file(workload.model / "model.safetensors")
+    final = weights(run)
+    assert_same_weights(final, weights(single))
+    assert max((final[k] - start[k]).abs().max().item() for k in start) > 1e-5  # it trained
+
+    # rollout sync and reference refresh on the same steps on every rank, as on one process
+    schedule = [(r["engine_version"], r["reference_is_learner"]) for r in one[0]]
+    assert schedule == [(0, True), (0, False), (0, True), (3, False), (3, True)]  # sync 3, refresh 2
+    for rank in (0, 1):
+        assert [(r["engine_version"], r["reference_is_learner"]) for r in two[rank]] == schedule
+
+    summary, reference = (json.loads((d / "summary.json").read_text()) for d in (run, single))
+    assert summary["accuracy_before"] == reference["accuracy_before"]  # split over ranks, summed back
+    assert summary["accuracy_after"] == reference["accuracy_after"]
+    checkpoint = run / "checkpoints" / "epoch=0-step=2.ckpt"
+    assert checkpoint.is_dir() if strategy == "fsdp" else checkpoint.is_file()
+
+
+def test_lora_with_ddp_keeps_replicas_identical_through_refreshes(workload):
+    """LoRA on 2 processes (DDP): a refresh draws a fresh adapter A on each rank; all take rank 0's.
+
+    The draw comes from each process's RNG stream (Lightning re-seeds distributed ranks),
+    so the adapter after a refresh differs from a single process's: the losses still
+    match (right after a refresh B = 0, whatever A is), the weights need not.
+    """
+    lora = ["--config", str(RECIPES / "quickstart-lora.yaml")]
+    one = train(workload, "lora-single", *lora)
+    two = train(workload, "lora-ddp", *lora, "--trainer.devices", "2", "--trainer.strategy", "ddp")
+    torch.testing.assert_close(torch.tensor(losses(two)), torch.tensor(losses(one)), rtol=1e-4, atol=1e-6)
+    ranks = trace(two)
+    checksums = [[r["trainable_checksum"] for r in ranks[rank]] for rank in (0, 1)]
+    assert checksums[0] == checksums[1] and len(set(checksums[0])) == STEPS + 1  # identical replicas, all moving
+    assert json.loads((two / "summary.json").read_text())["final_adapter"]
+
+
+@pytest.mark.parametrize("strategy,resume_on", [("fsdp", 2), ("fsdp", 1), ("ddp", 2)])
+def test_a_checkpoint_from_two_processes_resumes(workload, strategy, resume_on):
+    """Resumed at step 2, the run ends where the uninterrupted one did (FSDP: also on 1 process)."""
+    uninterrupted = workload.root / strategy / "run" / "version_0"
+    if not uninterrupted.exists():
+        pytest.skip("runs after test_two_processes_train_as_one_on_the_same_groups")
+    args = FSDP if strategy == "fsdp" else DDP
+    if resume_on == 1:
+        args = [*args, "--trainer.devices", "1", "--trainer.strategy.data_parallel_size", "1"]
+    checkpoint = uninterrupted / "checkpoints" / "epoch=0-step=2.ckpt"
+    run = train(workload, f"{strategy}-resumed-on-{resume_on}", *args, "--ckpt_path", str(checkpoint))
+    assert_same_weights(weights(run), weights(uninterrupted))
+    assert losses(run) == pytest.approx(losses(uninterrupted)[2:], rel=1e-5, abs=1e-6)
+    resumed = trace(run)
+    assert sorted(resumed) == list(range(resume_on))
+    assert resumed[0][0]["step"] == 2 and resumed[0][-1]["step"] == STEPS
