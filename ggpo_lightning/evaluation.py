@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +157,8 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
     - a peft adapter folder (``adapter_config.json``), merged into the base it names;
     - a ``ggpo-train`` run directory: its exported ``final_model/``, or a LoRA run's
       ``final_adapter/`` when it exported no merged model;
-    - a run's Lightning checkpoint (``.ckpt``): its ``state_dict`` entries
+    - a run's Lightning checkpoint (``.ckpt``; a file, or under FSDP2 a sharded folder,
+      consolidated in memory): its ``state_dict`` entries
       ``learner.*`` are the learner's weights, loaded into ``base_model`` (the run's
       ``model.model_name_or_path``, recorded in the checkpoint; ``base_model``
       overrides it, e.g. when the run used a relative path), which gives the
@@ -171,7 +173,7 @@ def load_model(source: str | Path, base_model: str | None = None) -> tuple[PreTr
     """
     path = Path(source).expanduser()
     if path.suffix == ".ckpt":
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return _load_checkpoint(path, base_model)
     if base_model is not None:
@@ -204,8 +206,23 @@ def _load_adapter(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
     return model.eval(), load_tokenizer(path)
 
 
+def _read_checkpoint(path: Path) -> dict:
+    """A Lightning checkpoint file, or a sharded one (a folder of ``torch.distributed.checkpoint`` shards and
+    Lightning's ``meta.pt``) consolidated into one dict in memory."""
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
+        raise ValueError(f"{path} is a folder but not a sharded checkpoint (no .metadata and meta.pt)")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, Path(tmp) / "full.pt")
+        checkpoint = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
+    return {**checkpoint, **torch.load(path / "meta.pt", map_location="cpu", weights_only=True)}
+
+
 def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint = _read_checkpoint(path)
     base_model = base_model or checkpoint.get("ggpo", {}).get("model_name_or_path")
     if base_model is None:
         raise ValueError(f"{path}: the checkpoint does not record its base model; pass --base-model with the "

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from ggpo_lightning.buffer import BehaviorBuffer
+from ggpo_lightning.evaluation import load_model
 from ggpo_lightning.models import load_tokenizer
 from ggpo_lightning.testing import make_group
 
@@ -147,6 +148,15 @@ def test_two_processes_train_as_one_on_the_same_groups(workload, single, strateg
     assert summary["accuracy_after"] == reference["accuracy_after"]
     checkpoint = run / "checkpoints" / "epoch=0-step=2.ckpt"
     assert checkpoint.is_dir() if strategy == "fsdp" else checkpoint.is_file()
+    # ggpo eval reads the last checkpoint (a sharded folder under FSDP2) as the exported model
+    evaluated, _ = load_model(run / "checkpoints" / f"epoch=0-step={STEPS}.ckpt")
+    assert_same_weights({k: v for k, v in evaluated.state_dict().items() if k in final}, final)
+
+
+def test_a_folder_that_is_not_a_sharded_checkpoint_is_named(tmp_path):
+    (tmp_path / "x.ckpt").mkdir()
+    with pytest.raises(ValueError, match=r"x.ckpt is a folder but not a sharded checkpoint"):
+        load_model(tmp_path / "x.ckpt")
 
 
 def test_lora_with_ddp_keeps_replicas_identical_through_refreshes(workload):
