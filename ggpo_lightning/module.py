@@ -37,7 +37,8 @@ from torch import Tensor
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync
 from ggpo_lightning.data import PromptRow
-from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
+from ggpo_lightning.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, supports_packed,
+                                    token_logprobs)
 from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  save_adapter, wrap)
 from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
@@ -89,6 +90,11 @@ class GGPOModule(L.LightningModule):
         clip_eps: GRPO's ratio clip.
         kl_estimator: GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``.
         logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
+        shared_prefix: compute learner and reference log-probs on shared-prefix rows (one
+            copy of a group's prompt for its K responses, no padding to the longest
+            response; :func:`~ggpo_lightning.logprobs.pack_groups`): the same numbers with
+            fewer token positions. Needs transformers' ``sdpa`` attention; other attention
+            implementations use the padded layout.
         gradient_checkpointing: recompute activations in backward (less memory, more time).
         max_nan_steps: stop after this many non-finite losses in a row.
         eval_max_new_tokens: response length for held-out accuracy.
@@ -118,6 +124,7 @@ class GGPOModule(L.LightningModule):
         clip_eps: float = 0.2,
         kl_estimator: str = "k3",
         logprob_chunk_size: int = 4096,
+        shared_prefix: bool = True,
         gradient_checkpointing: bool = False,
         max_nan_steps: int = 10,
         eval_max_new_tokens: int | None = None,
@@ -151,6 +158,7 @@ class GGPOModule(L.LightningModule):
                              "template; set model.chat_template: false or use an instruction-tuned model")
         self.chat_template = chat_template
         model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
+        self.shared_prefix = shared_prefix and supports_packed(model)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         engine_dtype = _DTYPES[self.rollout_config.dtype] if self.rollout_config.dtype else None
@@ -291,6 +299,9 @@ class GGPOModule(L.LightningModule):
         batch = {"input_ids": input_ids, "attention_mask": attention, "target_mask": target,
                  "group_mask": group_mask, "rewards": rewards,
                  "versions": torch.tensor([g.behavior_version for g in groups], device=self.device)}
+        if self.shared_prefix:
+            batch["packed"] = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups],
+                                          self.tokenizer.pad_token_id, device=self.device)
         if self.objective.uses_behavior_logp:
             behavior = torch.zeros(input_ids.shape, device=self.device)  # [B, L]
             flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
@@ -306,12 +317,21 @@ class GGPOModule(L.LightningModule):
         out[group_mask] = per_row
         return out
 
+    def _token_logprobs(self, model: torch.nn.Module, batch: dict[str, Any]) -> Tensor:
+        """Token log-probs ``[B, L]`` (0 off the responses) of the batch's responses under ``model``:
+        on the shared-prefix rows when the batch has them, else on the padded rows; equal up to rounding."""
+        target = batch["target_mask"]  # [B, L]
+        if "packed" not in batch:
+            return token_logprobs(model, batch["input_ids"], batch["attention_mask"], target, self.logprob_chunk_size)
+        flat = packed_token_logprobs(model, batch["packed"], self.logprob_chunk_size)  # [N]
+        return torch.zeros(target.shape, device=flat.device).masked_scatter(target, flat)
+
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch["group_mask"]  # [G, K]
-        rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
-        logp, tok_logp = sequence_logprobs(self.learner, *rows, chunk_size=self.logprob_chunk_size)  # [B], [B, L]
+        tok_logp = self._token_logprobs(self.learner, batch)  # [B, L]
         with torch.no_grad(), self.reference_model() as reference:
-            ref_logp, ref_tok = sequence_logprobs(reference, *rows, chunk_size=self.logprob_chunk_size)
+            ref_tok = self._token_logprobs(reference, batch)  # [B, L]
+        logp, ref_logp = tok_logp.sum(-1), ref_tok.sum(-1)  # [B]
         logp_g, ref_g = self._to_groups(logp, mask), self._to_groups(ref_logp, mask)  # [G, K]
         rewards = batch["rewards"]
         name = self.objective.name

@@ -271,3 +271,23 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
     assert trainer.global_step == 2 and module.nan_steps == 0
     assert all(p.dtype == torch.float32 for p in module.learner.parameters())  # fp32 master weights
     assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
+
+
+@pytest.mark.parametrize("objective", ["ggpo", "grpo"])
+def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_dir, tiny_lm, objective):
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0],
+                         behavior_logprobs=[[-1.0], [-2.0], [-1.5, -0.5]]),
+              make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0],
+                         behavior_logprobs=[[-0.1, -0.2, -0.3], [-2.0]])]
+    packed, padded = (make_module(tiny_model_dir, objective=objective, shared_prefix=s) for s in (True, False))
+    assert "packed" in packed._pack(groups) and "packed" not in padded._pack(groups)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a learner away from the reference, the same in both
+        for p, q in zip(packed.learner.parameters(), padded.learner.parameters()):
+            q.copy_(p.add_(0.05 * torch.randn_like(p)))
+    torch.testing.assert_close(packed._loss(packed._pack(groups))[0], padded._loss(padded._pack(groups))[0],
+                               rtol=1e-5, atol=1e-6)
+    for g, e in zip(_step_gradients(packed, groups), _step_gradients(padded, groups)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
