@@ -61,6 +61,7 @@ def _phase_timer(phase: dict, counts: dict, records: list):
         """Per-step wall time and its split into generate / verify / forwards / backward / optimizer."""
 
         def on_train_start(self, trainer, pl_module):
+            counts["peak_rss_mb_before_train"] = _peak_rss_mb()  # after the held-out evaluation before training
             engine, verifier = pl_module.engine, pl_module.verifier
             engine.generate = _timed(engine.generate, phase, lambda *a, **k: "generate")
             verifier.score_batch = _timed(verifier.score_batch, phase, lambda *a, **k: "verify")
@@ -92,6 +93,7 @@ def _phase_timer(phase: dict, counts: dict, records: list):
                 "completion_tokens": counts["completion_tokens"] - self.tokens0,
                 "prompt_tokens": counts.pop("prompt_tokens_step", 0),
                 "mean_reward": float(reward) if reward is not None else None,
+                "rss_mb": _rss_mb(), "peak_rss_mb": _peak_rss_mb(),
                 **{f"t.{k}": v for k, v in phase.items()},
             })
             known = sum(phase.values())
@@ -171,10 +173,10 @@ def main() -> None:
     setup_s = time.perf_counter() - setup_start
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
-    print("RESULT " + json.dumps(_result(args, cli, records, summary, rss_after_load, setup_s)))
+    print("RESULT " + json.dumps(_result(args, cli, records, counts, summary, rss_after_load, setup_s)))
 
 
-def _result(args, cli, records: list, summary: dict, rss_after_load: float, setup_s: float) -> dict:
+def _result(args, cli, records: list, counts: dict, summary: dict, rss_after_load: float, setup_s: float) -> dict:
     timed = records[1:] or records  # step 1 warms up allocator and kernels
     wall = sum(r["wall_s"] for r in timed)
     median = statistics.median(r["wall_s"] for r in timed)
@@ -196,6 +198,7 @@ def _result(args, cli, records: list, summary: dict, rss_after_load: float, setu
         "phase_median_s": {k[2:]: round(statistics.median(r.get(k, 0.0) for r in timed), 4) for k in keys},
         "phase_share_of_step": {k[2:]: round(sum(r.get(k, 0.0) for r in timed) / wall, 4) for k in keys},
         "peak_rss_mb": round(_peak_rss_mb(), 1), "rss_after_load_mb": round(rss_after_load, 1),
+        "peak_rss_mb_before_train": round(counts["peak_rss_mb_before_train"], 1),
         "reward_per_step": [round(x, 4) for x in rewards],
         "reward_mean_first10": round(statistics.mean(rewards[:10]), 4),
         "reward_mean_last10": round(statistics.mean(rewards[-10:]), 4),

@@ -162,9 +162,12 @@ class GGPOModule(L.LightningModule):
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         engine_dtype = _DTYPES[self.rollout_config.dtype] if self.rollout_config.dtype else None
-        # a private copy of the plain model: with LoRA it is synced with the merged weights
+        # synced after every update in the learner's precision, the engine would be an exact copy of the
+        # learner at every rollout: it samples with the learner itself. Otherwise a private copy of the plain
+        # model (with LoRA synced with the merged weights).
+        share = lora is None and self.rollout_config.sync_every == 1 and engine_dtype is None
         self.engine = HFGenerateEngine(model, self.tokenizer, dtype=engine_dtype,
-                                       record_logprobs=self.objective.uses_behavior_logp)
+                                       record_logprobs=self.objective.uses_behavior_logp, share=share)
         self.lora = lora
         if lora is None:
             self.learner = model

@@ -80,11 +80,20 @@ class HFGenerateEngine:
 
     ``dtype`` lets the behavior model run in another precision than the learner
     (e.g. bf16 sampling for an fp32 learner: the training-inference mismatch setting).
+
+    ``share=True`` samples with ``learner`` itself instead of a copy (one model less in
+    memory). That is exact only when the engine would hold the learner's current weights
+    at every rollout: a sync after every update, the learner's precision, and a plain
+    model; ``load_weights`` then only records the version. The model is put in eval mode
+    for sampling and back in its previous mode after.
     """
 
     def __init__(self, learner: nn.Module, tokenizer, dtype: torch.dtype | None = None,
-                 record_logprobs: bool = False) -> None:
-        self.model = copy.deepcopy(learner).eval().requires_grad_(False)
+                 record_logprobs: bool = False, share: bool = False) -> None:
+        if share and dtype is not None:
+            raise ValueError("a shared engine samples with the learner itself: it cannot have its own dtype")
+        self.shared = share
+        self.model = learner if share else copy.deepcopy(learner).eval().requires_grad_(False)
         if dtype is not None:
             self.model.to(dtype)
         self.tokenizer = tokenizer
@@ -94,6 +103,11 @@ class HFGenerateEngine:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
     def load_weights(self, learner: nn.Module | Mapping[str, Tensor], version: int) -> None:
+        if self.shared:
+            if learner is not self.model:
+                raise ValueError("a shared engine samples with its learner; it cannot load other weights")
+            self.version = version
+            return
         state = learner if isinstance(learner, Mapping) else learner.state_dict()
         with torch.no_grad():
             # load_state_dict copies (and casts to the engine's dtype) in place: no reallocation
@@ -110,11 +124,14 @@ class HFGenerateEngine:
         per_call = max(n, sampling.generation_batch_size // n * n)  # whole groups per call
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        was_training = self.model.training
+        self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
         for start in range(0, len(flat), per_call):
             chunk = self._sample(flat[start:start + per_call], sampling)
             responses.extend(chunk)
             if self.record_logprobs:
                 logprobs.extend(self._score(flat[start:start + per_call], chunk))
+        self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [
             Generation(

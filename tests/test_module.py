@@ -141,6 +141,14 @@ def test_sync_every_step_is_on_policy(tiny_model_dir, data_dir):
     assert [r["versions"] for r in probe.rows] == [[s] * 3 for s in range(4)]  # staleness 0 every step
 
 
+def test_the_engine_shares_the_learner_only_when_it_would_be_an_exact_copy(tiny_model_dir):
+    on_policy = make_module(tiny_model_dir)
+    assert on_policy.engine.model is on_policy.learner
+    for kwargs in ({"sync_every": 2}, {"dtype": "bfloat16"}):
+        module = make_module(tiny_model_dir, rollout=RolloutConfig(k=4, **kwargs))
+        assert module.engine.model is not module.learner
+
+
 def test_offline_mode_generates_only_once(tiny_model_dir, data_dir):
     module = make_module(tiny_model_dir)
     calls = []

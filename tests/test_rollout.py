@@ -75,3 +75,24 @@ def test_bf16_engine_for_the_mismatch_setting(tiny_lm):
 def test_sampling_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kwargs)
+
+
+def test_a_shared_engine_samples_what_a_synced_copy_samples(tiny_lm):
+    model, tok = tiny_lm
+    model.train()
+    shared, private = HFGenerateEngine(model, tok, share=True), HFGenerateEngine(model, tok)
+    assert shared.model is model
+    prompts = [tok("1+2=")["input_ids"], tok("4+4=")["input_ids"]]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.3)
+    outs = []
+    for engine in (shared, private):
+        torch.manual_seed(0)
+        outs.append([g.response_ids for g in engine.generate(prompts, 3, sampling)])
+    assert outs[0] == outs[1]
+    assert model.training and all(p.requires_grad for p in model.parameters())  # the learner is left as it was
+    shared.load_weights(model, version=3)
+    assert shared.version == 3
+    with pytest.raises(ValueError, match="shared engine"):
+        shared.load_weights(private.model, version=4)
+    with pytest.raises(ValueError, match="dtype"):
+        HFGenerateEngine(model, tok, dtype=torch.bfloat16, share=True)
