@@ -5,7 +5,9 @@
 The workload is the peer benchmark's (``shared/peer-bench/README.md``): 8 prompts x K=8
 responses per optimizer step, temperature 1, top-p 1, at most 16 new tokens, the reward
 "first integer equals the gold" (``first_integer.py``), beta 0.04, AdamW lr 1e-4 without
-weight decay, gradient-norm clip 1.0, one torch thread. ``benchmarks/vs_trl.py`` runs it
+weight decay (fused, as TRL's default ``adamw_torch_fused``), gradient-norm clip 1.0, one torch
+thread. Differences that remain: TRL decays the learning rate linearly to 0 over the run (its
+default scheduler), ours stays constant; TRL's loss is GRPO (``dapo`` token averaging), ours GGPO. ``benchmarks/vs_trl.py`` runs it
 alternately with TRL's harness; extra ``ggpo-train`` flags go after ``--``.
 
 Timing is benchmark-side only: wrappers around the rollout engine, the verifier and the
@@ -158,7 +160,7 @@ def main() -> None:
         "--model.rollout.sampling.max_new_tokens=16", "--model.rollout.sampling.generation_batch_size=64",
         '--model.verifier={"class_path": "first_integer.FirstIntegerVerifier"}',
         "--model.optimizer=torch.optim.AdamW", f"--model.optimizer.lr={args.lr}",
-        "--model.optimizer.weight_decay=0.0",
+        "--model.optimizer.weight_decay=0.0", "--model.optimizer.fused=true",  # TRL's default: adamw_torch_fused
         f"--data.train_path={art / 'data' / 'train.jsonl'}", f"--data.val_path={art / 'data' / 'test.jsonl'}",
         f"--data.val_size={args.eval_n}", "--data.prompts_per_step=8", "--data.mode=online",
         f"--data.seed={args.seed}", *args.extra,

@@ -381,6 +381,23 @@ class GGPOModule(L.LightningModule):
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
         return loss
 
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning's clipping; under bf16 mixed precision also with a fused optimizer (``fused=True``).
+
+        Lightning refuses to clip for optimizers that unscale gradients themselves whenever
+        mixed precision is on, because fp16's loss scaler would have it clip scaled
+        gradients. bf16 has no scaler: the gradients are the true ones, clipped here directly.
+        """
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if not (gradient_clip_val and fused and getattr(self.trainer.precision_plugin, "scaler", None) is None):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
         if self._train_clock is None:

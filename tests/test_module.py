@@ -281,6 +281,21 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
     assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
 
 
+def test_bf16_with_a_fused_optimizer_clips_gradients(tiny_model_dir, data_dir):
+    # Lightning alone refuses gradient clipping for fused optimizers under mixed precision (fp16's scaler)
+    norms = []
+
+    class Norms(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):  # clipped, and not zeroed before the next step
+            grads = [p.grad.norm() for p in pl_module.learner.parameters() if p.grad is not None]
+            norms.append(torch.linalg.vector_norm(torch.stack(grads)))
+
+    module = make_module(tiny_model_dir, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True))
+    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed", gradient_clip_val=1e-3,
+                  callbacks=[Norms()])
+    assert trainer.global_step == 2 and len(norms) == 2 and all(n <= 1e-3 * (1 + 1e-3) for n in norms)
+
+
 @pytest.mark.parametrize("objective", ["ggpo", "grpo"])
 def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_dir, tiny_lm, objective):
     _, tok = tiny_lm

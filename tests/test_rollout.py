@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
-from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig
+from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, generate_responses
 
 
 def params_equal(a, b) -> bool:
@@ -96,3 +96,18 @@ def test_a_shared_engine_samples_what_a_synced_copy_samples(tiny_lm):
         shared.load_weights(private.model, version=4)
     with pytest.raises(ValueError, match="dtype"):
         HFGenerateEngine(model, tok, dtype=torch.bfloat16, share=True)
+
+
+def test_a_prompt_prefix_computed_once_per_group_gives_the_same_responses(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"]]  # left padding too
+    shared = generate_responses(model, tok, prompts, 6, n=3, do_sample=False)
+    alone = generate_responses(model, tok, [p for p in prompts for _ in range(3)], 6, do_sample=False)
+    assert shared == alone
+    # sampling: the logits of every step match, so with one seed the same draws come out
+    torch.manual_seed(1)
+    shared = generate_responses(model, tok, prompts, 6, n=3, do_sample=True, temperature=1.0, top_k=0)
+    torch.manual_seed(1)
+    alone = generate_responses(model, tok, [p for p in prompts for _ in range(3)], 6, do_sample=True,
+                               temperature=1.0, top_k=0)
+    assert shared == alone
