@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
@@ -184,6 +185,9 @@ class GGPOModule(L.LightningModule):
         self._train_clock: tuple[float, int] | None = None
         self.generated_samples = 0
         self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
+        # reference log-probs by group (id -> (weak reference to the group, flat [N_g] tensor)); valid until the
+        # next reference refresh, which clears it; an entry leaves with its group
+        self._ref_cache: dict[int, tuple[weakref.ref, Tensor]] = {}
 
     @staticmethod
     def _validate(objective: str, beta: float, verifier: str | dict, rollout: RolloutConfig,
@@ -300,7 +304,7 @@ class GGPOModule(L.LightningModule):
         group_mask = torch.tensor([[i < g.k for i in range(k_max)] for g in groups], device=self.device)  # [G, K]
         rewards = torch.tensor([g.rewards + [0.0] * (k_max - g.k) for g in groups], device=self.device)  # [G, K]
         batch = {"input_ids": input_ids, "attention_mask": attention, "target_mask": target,
-                 "group_mask": group_mask, "rewards": rewards,
+                 "group_mask": group_mask, "rewards": rewards, "groups": groups,
                  "versions": torch.tensor([g.behavior_version for g in groups], device=self.device)}
         if self.shared_prefix:
             batch["packed"] = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups],
@@ -329,11 +333,35 @@ class GGPOModule(L.LightningModule):
         flat = packed_token_logprobs(model, batch["packed"], self.logprob_chunk_size)  # [N]
         return torch.zeros(target.shape, device=flat.device).masked_scatter(target, flat)
 
+    def _reference_token_logprobs(self, batch: dict[str, Any]) -> Tensor:
+        """Reference token log-probs ``[B, L]`` (no grad) of the batch's responses.
+
+        The reference is frozen between refreshes, so each group's values are computed the
+        first time it is drawn and reused when it is drawn again (replay, offline data): only
+        groups not yet seen since the last ``refresh_reference`` go through the reference.
+        Reused values equal recomputed ones up to float rounding.
+        """
+        groups, target = batch["groups"], batch["target_mask"]
+        missing = [g for g in groups if self._cached_reference(g) is None]
+        if missing:
+            sub = batch if len(missing) == len(groups) else self._pack(missing)
+            with torch.no_grad(), self.reference_model() as reference:
+                tokens = self._token_logprobs(reference, sub)  # [B', L']
+            sizes = [sum(len(r) for r in g.response_ids) for g in missing]
+            for group, values in zip(missing, tokens[sub["target_mask"]].split(sizes)):  # [N_g] each
+                key, cache = id(group), self._ref_cache
+                cache[key] = (weakref.ref(group, lambda _, key=key: cache.pop(key, None)), values)
+        flat = torch.cat([self._cached_reference(g) for g in groups])  # [N]
+        return torch.zeros(target.shape, device=flat.device).masked_scatter(target, flat)
+
+    def _cached_reference(self, group: RolloutGroup) -> Tensor | None:
+        entry = self._ref_cache.get(id(group))
+        return entry[1] if entry is not None and entry[0]() is group else None
+
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch["group_mask"]  # [G, K]
         tok_logp = self._token_logprobs(self.learner, batch)  # [B, L]
-        with torch.no_grad(), self.reference_model() as reference:
-            ref_tok = self._token_logprobs(reference, batch)  # [B, L]
+        ref_tok = self._reference_token_logprobs(batch)  # [B, L]
         logp, ref_logp = tok_logp.sum(-1), ref_tok.sum(-1)  # [B]
         logp_g, ref_g = self._to_groups(logp, mask), self._to_groups(ref_logp, mask)  # [G, K]
         rewards = batch["rewards"]
@@ -452,6 +480,7 @@ class GGPOModule(L.LightningModule):
         directions that no longer mean anything; a refresh restarts the optimizer as it
         restarts the KL term.
         """
+        self._ref_cache.clear()  # log-probs of the old reference
         if self.lora is None:
             self.reference.load_state_dict(self.learner.state_dict())
             return

@@ -314,3 +314,32 @@ def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_d
                                rtol=1e-5, atol=1e-6)
     for g, e in zip(_step_gradients(packed, groups), _step_gradients(padded, groups)):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm):
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    a = make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0], prompt_id="a")
+    b = make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0], prompt_id="b")
+    module = make_module(tiny_model_dir)
+    calls = []
+    forward = module._token_logprobs
+    module._token_logprobs = lambda model, batch: calls.append([g.prompt_id for g in batch["groups"]]) or forward(
+        model, batch)
+    cached = module._reference_token_logprobs(module._pack([a]))  # computes a's
+    both = module._pack([b, a])
+    got = module._reference_token_logprobs(both)  # computes b's only, reuses a's
+    assert calls == [["a"], ["b"]]
+    with torch.no_grad():
+        recomputed = forward(module.reference, both)  # [B, L]
+    torch.testing.assert_close(got, recomputed, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[2:, :cached.shape[1]], cached, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # a new reference: nothing cached is valid any more
+        next(module.learner.parameters()).add_(0.5)
+    module.refresh_reference()
+    with torch.no_grad():
+        recomputed = forward(module.reference, both)
+    torch.testing.assert_close(module._reference_token_logprobs(both), recomputed, rtol=1e-5, atol=1e-6)
+    assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
+    del a, b, both
+    assert not module._ref_cache  # entries leave with their groups
