@@ -62,40 +62,38 @@ def main() -> None:
                              [float(i % 2) for i in range(8)], prompt_id=str(n)) for n, p in enumerate(prompts)]
         optimizer = module.configure_optimizers()
         for precision in args.precisions.split(","):
-            for shared_prefix in (True, False):
-                module.shared_prefix = shared_prefix
-                batch = module._pack(groups)
-                autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-                            else contextlib.nullcontext())
-                with torch.no_grad(), autocast:
-                    ref = module._token_logprobs(module.reference, batch).sum(-1)  # [B]
+            batch = module._pack(groups)
+            autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+                        else contextlib.nullcontext())
+            with torch.no_grad(), autocast:
+                ref = module._token_logprobs(module.reference, batch).sum(-1)  # [B]
 
-                def update() -> float:
-                    start = time.perf_counter()
-                    with autocast:
-                        logp = module._token_logprobs(module.learner, batch).sum(-1)  # [B]
-                    mask = batch["group_mask"]
-                    loss = ggpo_loss(module._to_groups(logp, mask), module._to_groups(ref, mask), batch["rewards"],
-                                     0.04, mask)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(module.learner.parameters(), 1.0)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    return time.perf_counter() - start
+            def update() -> float:
+                start = time.perf_counter()
+                with autocast:
+                    logp = module._token_logprobs(module.learner, batch).sum(-1)  # [B]
+                mask = batch["group_mask"]
+                loss = ggpo_loss(module._to_groups(logp, mask), module._to_groups(ref, mask), batch["rewards"],
+                                 0.04, mask)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(module.learner.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                return time.perf_counter() - start
 
-                update()  # warm-up: allocator, optimizer state
-                seconds = statistics.median(update() for _ in range(args.repeat))
-                packed = batch.get("packed")
-                tokens = int((packed.position_ids > 0).sum() + packed.position_ids.shape[0] if packed is not None
-                             else batch["attention_mask"].sum())
-                positions = int(packed.input_ids.numel() if packed is not None else batch["input_ids"].numel())
-                params = module.learner.num_parameters()
-                run = {"precision": precision, "shared_prefix": shared_prefix, "seconds": seconds, "tokens": tokens,
-                       "positions_with_padding": positions, "parameters": params,
-                       "response_tokens": sum(len(r) for g in groups for r in g.response_ids),
-                       "model_flops_per_s": 6 * params * tokens / seconds}
-                results.append(run)
-                print(json.dumps(run), flush=True)
+            update()  # warm-up: allocator, optimizer state
+            seconds = statistics.median(update() for _ in range(args.repeat))
+            packed = batch.get("packed")
+            tokens = int((packed.position_ids > 0).sum() + packed.position_ids.shape[0] if packed is not None
+                         else batch["attention_mask"].sum())
+            positions = int(packed.input_ids.numel() if packed is not None else batch["input_ids"].numel())
+            params = module.learner.num_parameters()
+            run = {"precision": precision, "shared_prefix": module.shared_prefix, "seconds": seconds, "tokens": tokens,
+                   "positions_with_padding": positions, "parameters": params,
+                   "response_tokens": sum(len(r) for g in groups for r in g.response_ids),
+                   "model_flops_per_s": 6 * params * tokens / seconds}
+            results.append(run)
+            print(json.dumps(run), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"response_len": args.response_len, "runs": results}, indent=2))
 

@@ -10,7 +10,9 @@
    its own process, one after the other (the order alternates between rounds), with the
    same workload: 8 prompts x K=8, temperature 1, at most 16 new tokens, beta 0.04, AdamW
    lr 1e-4, clip 1.0, ``--steps`` steps, one torch thread.
-3. Measures this machine's matmul rate (one thread, a large square matmul, fp32 and
+3. Runs both systems longer on tiny (``--learning-steps`` at ``--learning-lr``, fp32) and
+   compares sampled reward and greedy held-out accuracy: speed must not cost learning.
+4. Measures this machine's matmul rate (one thread, a large square matmul, fp32 and
    bf16) and the utilization of ggpo's learner update on m30 with long responses:
    ``6 * parameters * tokens / seconds / peak`` (``--util-response-len`` tokens sampled
    from the randomly initialised m30, which rarely stops early).
@@ -50,11 +52,12 @@ def build_artifacts(peer_bench: Path, root: Path, names: list[str]) -> None:
                         *MODELS[name]], check=True)
 
 
-def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path) -> dict:
+def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path,
+               lr: float = 1e-4) -> dict:
     """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``)."""
     script = peer_bench / "trl_grpo_baseline.py" if system == "trl" else ROOT / "benchmarks" / "ggpo_worker.py"
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
-           "--out", str(out)] + (["--bf16"] if bf16 else [])
+           "--lr", str(lr), "--out", str(out)] + (["--bf16"] if bf16 else [])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = out.with_suffix(".log")
     with open(log, "w") as f:
@@ -148,6 +151,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1, help="runs per system and setting (order alternates)")
     parser.add_argument("--util-response-len", type=int, default=256, help="0 = skip the utilization measurement")
+    parser.add_argument("--learning-steps", type=int, default=200,
+                        help="a longer run of both systems on tiny (fp32) to compare learning; 0 = skip")
+    parser.add_argument("--learning-lr", type=float, default=5e-4)
     args = parser.parse_args()
     models, precisions = args.models.split(","), args.precisions.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -172,10 +178,33 @@ def main() -> None:
           f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
     print_table(rows)
     report = {"rows": rows, "matmul_peak_flops": peaks, "steps": args.steps, "rounds": args.rounds}
+    if args.learning_steps:
+        report["learning"] = learning_check(args)
     if args.util_response_len:
         report["utilization"] = learner_utilization(args, peaks)
     (args.out / "vs_trl.json").write_text(json.dumps(report, indent=2))
     print(f"\nwritten to {args.out / 'vs_trl.json'}")
+
+
+def learning_check(args) -> dict:
+    """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``: does the speed cost learning?"""
+    import statistics
+
+    build_artifacts(args.peer_bench, args.artifacts, ["tiny"])
+    rows = {}
+    for system in ("trl", "ggpo"):
+        r = run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
+                       args.out / f"learning_tiny_{system}.json", lr=args.learning_lr)
+        rewards = r["reward_per_step"]
+        rows[system] = {"reward_first50": statistics.mean(rewards[:50]), "reward_last50": statistics.mean(rewards[-50:]),
+                        "reward_mean": statistics.mean(rewards), "greedy_acc_before": r["greedy_test_acc_before"],
+                        "greedy_acc_after": r["greedy_test_acc_after"], "sec_per_step": r["sec_per_step_median_excl_first"],
+                        "reward_per_step": rewards}
+        print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, {system}: sampled reward "
+              f"{rows[system]['reward_first50']:.3f} (first 50) -> {rows[system]['reward_last50']:.3f} (last 50), "
+              f"greedy accuracy {r['greedy_test_acc_before']:.3f} -> {r['greedy_test_acc_after']:.3f}, "
+              f"{r['sec_per_step_median_excl_first']:.3f} s/step", flush=True)
+    return rows
 
 
 def learner_utilization(args, peaks: dict[str, float]) -> dict:
