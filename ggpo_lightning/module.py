@@ -409,6 +409,12 @@ class GGPOModule(L.LightningModule):
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
         return loss
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The update, then the gradients freed (``set_to_none``) at once rather than when the next backward
+        starts: the next rollout and forward run without a model-sized gradient buffer (lower peak memory)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer.zero_grad(set_to_none=True)
+
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Lightning's clipping; under bf16 mixed precision also with a fused optimizer (``fused=True``).

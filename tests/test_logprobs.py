@@ -133,3 +133,17 @@ def test_shared_prefix_needs_sdpa_attention(tiny_lm):
     assert supports_packed(model)
     model.config._attn_implementation = "flash_attention_2"  # ignores custom 4D masks
     assert not supports_packed(model)
+
+
+def test_shared_prefix_attention_runs_in_float32_on_cpu_and_is_restored(tiny_lm):
+    model, tok = tiny_lm
+    prompts, responses = _groups(tok)
+    packed = pack_groups(prompts, responses, tok.pad_token_id)
+    exact = packed_token_logprobs(model, packed)  # fp32: float32 attention is the same computation
+    assert model.config._attn_implementation == "sdpa"  # restored after the forward
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = packed_token_logprobs(model, packed)
+    mixed.sum().backward()
+    torch.testing.assert_close(mixed, exact, rtol=0.0, atol=0.1)  # bf16 matmuls, fp32 attention
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

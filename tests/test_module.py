@@ -285,14 +285,15 @@ def test_bf16_with_a_fused_optimizer_clips_gradients(tiny_model_dir, data_dir):
     # Lightning alone refuses gradient clipping for fused optimizers under mixed precision (fp16's scaler)
     norms = []
 
-    class Norms(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):  # clipped, and not zeroed before the next step
-            grads = [p.grad.norm() for p in pl_module.learner.parameters() if p.grad is not None]
+    class Recording(GGPOModule):
+        def configure_gradient_clipping(self, optimizer, *args, **kwargs):
+            super().configure_gradient_clipping(optimizer, *args, **kwargs)
+            grads = [p.grad.norm() for p in self.learner.parameters() if p.grad is not None]
             norms.append(torch.linalg.vector_norm(torch.stack(grads)))
 
     module = make_module(tiny_model_dir, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True))
-    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed", gradient_clip_val=1e-3,
-                  callbacks=[Norms()])
+    module.__class__ = Recording
+    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed", gradient_clip_val=1e-3)
     assert trainer.global_step == 2 and len(norms) == 2 and all(n <= 1e-3 * (1 + 1e-3) for n in norms)
 
 
@@ -343,3 +344,15 @@ def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_mod
     assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
     del a, b, both
     assert not module._ref_cache  # entries leave with their groups
+
+
+def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
+    seen = []
+
+    class GradProbe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            seen.append(all(p.grad is None for p in pl_module.learner.parameters()))
+
+    module = make_module(tiny_model_dir)
+    fit(module, make_data(data_dir), steps=2, callbacks=[GradProbe()])
+    assert seen == [True, True]
