@@ -7,7 +7,8 @@ responses per optimizer step, temperature 1, top-p 1, at most 16 new tokens, the
 "first integer equals the gold" (``first_integer.py``), beta 0.04, AdamW lr 1e-4 without
 weight decay (fused, as TRL's default ``adamw_torch_fused``), gradient-norm clip 1.0, one torch
 thread. Differences that remain: TRL decays the learning rate linearly to 0 over the run (its
-default scheduler), ours stays constant; TRL's loss is GRPO (``dapo`` token averaging), ours GGPO. ``benchmarks/vs_trl.py`` runs it
+default scheduler), ours stays constant; TRL's loss is GRPO (``dapo`` token averaging), ours
+GGPO; the reference is never refreshed in either. ``benchmarks/vs_trl.py`` runs this script
 alternately with TRL's harness; extra ``ggpo-train`` flags go after ``--``.
 
 Timing is benchmark-side only: wrappers around the rollout engine, the verifier and the

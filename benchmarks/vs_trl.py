@@ -196,10 +196,12 @@ def learning_check(args) -> dict:
         r = run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
                        args.out / f"learning_tiny_{system}.json", lr=args.learning_lr)
         rewards = r["reward_per_step"]
-        rows[system] = {"reward_first50": statistics.mean(rewards[:50]), "reward_last50": statistics.mean(rewards[-50:]),
-                        "reward_mean": statistics.mean(rewards), "greedy_acc_before": r["greedy_test_acc_before"],
-                        "greedy_acc_after": r["greedy_test_acc_after"], "sec_per_step": r["sec_per_step_median_excl_first"],
-                        "reward_per_step": rewards}
+        rows[system] = {
+            "reward_first50": statistics.mean(rewards[:50]), "reward_last50": statistics.mean(rewards[-50:]),
+            "reward_mean": statistics.mean(rewards), "greedy_acc_before": r["greedy_test_acc_before"],
+            "greedy_acc_after": r["greedy_test_acc_after"], "sec_per_step": r["sec_per_step_median_excl_first"],
+            "reward_per_step": rewards,
+        }
         print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, {system}: sampled reward "
               f"{rows[system]['reward_first50']:.3f} (first 50) -> {rows[system]['reward_last50']:.3f} (last 50), "
               f"greedy accuracy {r['greedy_test_acc_before']:.3f} -> {r['greedy_test_acc_after']:.3f}, "
@@ -212,7 +214,8 @@ def learner_utilization(args, peaks: dict[str, float]) -> dict:
     out = args.out / "learner_update.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_update.py"),
                     "--like", str(args.artifacts / "m30" / "model"), "--response-len", str(args.util_response_len),
-                    "--precisions", "bf16", "--repeat", "2", "--out", str(out)], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                    "--precisions", "bf16", "--repeat", "2", "--out", str(out)],
+                   check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     result = json.loads(out.read_text())
     for run in result["runs"]:
         peak = peaks["bfloat16" if run["precision"] == "bf16" else "float32"]

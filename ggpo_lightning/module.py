@@ -275,8 +275,9 @@ class GGPOModule(L.LightningModule):
         """K behavior responses per prompt from the rollout engine, scored by the verifier."""
         start = time.perf_counter()
         k = self.rollout_config.k
-        generations = self.engine.generate([self.encode_prompt(r.prompt) for r in rows], k,
-                                           self.rollout_config.sampling)
+        with self._cached_weight_casts():
+            generations = self.engine.generate([self.encode_prompt(r.prompt) for r in rows], k,
+                                               self.rollout_config.sampling)
         responses = [text for g in generations for text in g.responses]
         rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
         groups = [
@@ -292,6 +293,21 @@ class GGPOModule(L.LightningModule):
         self._rollout_tokens += sum(len(ids) for g in generations for ids in g.response_ids)
         self.generated_samples += len(responses)
         return groups
+
+    @contextlib.contextmanager
+    def _cached_weight_casts(self) -> Iterator[None]:
+        """Under autocast, each weight is cast to the low precision once for the whole rollout instead of at
+        every generated token: Lightning's autocast disables the weight-cast cache (right for one forward and
+        backward, costly for a token-by-token loop). The same casts, so the same numbers."""
+        device = self.device.type
+        if not torch.is_autocast_enabled(device):
+            yield
+            return
+        try:
+            with torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=True):
+                yield
+        finally:
+            torch.clear_autocast_cache()  # the casts of this rollout's weights: the next update changes them
 
     # ------------------------------------------------------------------ training
 

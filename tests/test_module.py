@@ -356,3 +356,19 @@ def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
     module = make_module(tiny_model_dir)
     fit(module, make_data(data_dir), steps=2, callbacks=[GradProbe()])
     assert seen == [True, True]
+
+
+def test_a_rollout_under_autocast_casts_the_weights_once_and_samples_the_same(tiny_model_dir):
+    from ggpo_lightning.data import PromptRow
+    from ggpo_verifiers import get_verifier
+
+    module = make_module(tiny_model_dir)
+    module.verifier = get_verifier("numeric")
+    rows = [PromptRow("a", "1+2=", "3"), PromptRow("b", "4+4=", "8")]
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):  # as Lightning's bf16-mixed
+        torch.manual_seed(0)
+        cached = module.rollout(rows)
+        torch.manual_seed(0)
+        prompts = [module.encode_prompt(r.prompt) for r in rows]
+        plain = module.engine.generate(prompts, 4, module.rollout_config.sampling)
+    assert [g.response_ids for g in cached] == [g.response_ids for g in plain]
