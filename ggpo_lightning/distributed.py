@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ggpo_lightning.logprobs import SHARDED_FORWARD, chunked_token_logprobs
+from ggpo_lightning.logprobs import SHARDED_FORWARDS
 
 __all__ = ["all_gather_objects", "broadcast_from_rank0_", "copy_weights_", "decoder_layers", "full_state_items", "interleave", "is_sharded",
            "rank_share", "shard_decoder_layers", "sum_across_ranks", "world"]
@@ -115,9 +115,10 @@ def shard_decoder_layers(model: nn.Module, mesh: Any, mixed_precision: Any = Non
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    # log-probs run body and head apart (chunked), not model.forward: make that a forward of the root unit
-    setattr(model, SHARDED_FORWARD, types.MethodType(chunked_token_logprobs, model))
-    register_fsdp_forward_method(model, SHARDED_FORWARD)
+    # log-probs run body and head apart (chunked), not model.forward: make them forwards of the root unit
+    for name, computation in SHARDED_FORWARDS.items():
+        setattr(model, name, types.MethodType(computation, model))
+        register_fsdp_forward_method(model, name)
     return model
 
 

@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
@@ -37,9 +38,10 @@ from torch import Tensor
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync
 from ggpo_lightning.data import PromptRow
-from ggpo_lightning.distributed import (all_gather_objects, broadcast_from_rank0_, copy_weights_, full_state_items, is_sharded, rank_share,
-                                        shard_decoder_layers, sum_across_ranks, world)
-from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs
+from ggpo_lightning.distributed import (all_gather_objects, broadcast_from_rank0_, copy_weights_, full_state_items,
+                                        is_sharded, rank_share, shard_decoder_layers, sum_across_ranks, world)
+from ggpo_lightning.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, supports_packed,
+                                    token_logprobs)
 from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  save_adapter, wrap)
 from ggpo_lightning.models import TinyModelConfig, ensure_tiny_model, load_causal_lm, load_tokenizer
@@ -97,6 +99,11 @@ class GGPOModule(L.LightningModule):
         clip_eps: GRPO's ratio clip.
         kl_estimator: GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``.
         logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
+        shared_prefix: compute learner and reference log-probs on shared-prefix rows (one
+            copy of a group's prompt for its K responses, no padding to the longest
+            response; :func:`~ggpo_lightning.logprobs.pack_groups`): the same numbers with
+            fewer token positions. Needs transformers' ``sdpa`` attention; other attention
+            implementations use the padded layout.
         gradient_checkpointing: recompute activations in backward (less memory, more time).
         max_nan_steps: stop after this many non-finite losses in a row.
         eval_max_new_tokens: response length for held-out accuracy.
@@ -126,6 +133,7 @@ class GGPOModule(L.LightningModule):
         clip_eps: float = 0.2,
         kl_estimator: str = "k3",
         logprob_chunk_size: int = 4096,
+        shared_prefix: bool = True,
         gradient_checkpointing: bool = False,
         max_nan_steps: int = 10,
         eval_max_new_tokens: int | None = None,
@@ -159,12 +167,16 @@ class GGPOModule(L.LightningModule):
                              "template; set model.chat_template: false or use an instruction-tuned model")
         self.chat_template = chat_template
         model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
+        self.shared_prefix = shared_prefix and supports_packed(model)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         engine_dtype = _DTYPES[self.rollout_config.dtype] if self.rollout_config.dtype else None
-        # a private copy of the plain model: with LoRA it is synced with the merged weights
+        # synced after every update in the learner's precision, the engine would be an exact copy of the
+        # learner at every rollout: it samples with the learner itself. Otherwise a private copy of the plain
+        # model (with LoRA synced with the merged weights).
+        share = lora is None and self.rollout_config.sync_every == 1 and engine_dtype is None
         self.engine = HFGenerateEngine(model, self.tokenizer, dtype=engine_dtype,
-                                       record_logprobs=self.objective.uses_behavior_logp)
+                                       record_logprobs=self.objective.uses_behavior_logp, share=share)
         self.lora = lora
         if lora is None:
             self.learner = model
@@ -181,6 +193,9 @@ class GGPOModule(L.LightningModule):
         self._train_clock: tuple[float, int] | None = None
         self.generated_samples = 0
         self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
+        # reference log-probs by group (id -> (weak reference to the group, flat [N_g] tensor)); valid until the
+        # next reference refresh, which clears it; an entry leaves with its group
+        self._ref_cache: dict[int, tuple[weakref.ref, Tensor]] = {}
 
     @staticmethod
     def _validate(objective: str, beta: float, verifier: str | dict, rollout: RolloutConfig,
@@ -302,8 +317,9 @@ class GGPOModule(L.LightningModule):
         """K behavior responses per prompt from the rollout engine, scored by the verifier."""
         start = time.perf_counter()
         k = self.rollout_config.k
-        generations = self.engine.generate([self.encode_prompt(r.prompt) for r in rows], k,
-                                           self.rollout_config.sampling)
+        with self._cached_weight_casts():
+            generations = self.engine.generate([self.encode_prompt(r.prompt) for r in rows], k,
+                                               self.rollout_config.sampling)
         responses = [text for g in generations for text in g.responses]
         rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
         groups = [
@@ -320,6 +336,21 @@ class GGPOModule(L.LightningModule):
         self.generated_samples += len(responses)
         return groups
 
+    @contextlib.contextmanager
+    def _cached_weight_casts(self) -> Iterator[None]:
+        """Under autocast, each weight is cast to the low precision once for the whole rollout instead of at
+        every generated token: Lightning's autocast disables the weight-cast cache (right for one forward and
+        backward, costly for a token-by-token loop). The same casts, so the same numbers."""
+        device = self.device.type
+        if not torch.is_autocast_enabled(device):
+            yield
+            return
+        try:
+            with torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=True):
+                yield
+        finally:
+            torch.clear_autocast_cache()  # the casts of this rollout's weights: the next update changes them
+
     # ------------------------------------------------------------------ training
 
     def _pack(self, groups: list[RolloutGroup]) -> dict[str, Tensor]:
@@ -331,8 +362,11 @@ class GGPOModule(L.LightningModule):
         group_mask = torch.tensor([[i < g.k for i in range(k_max)] for g in groups], device=self.device)  # [G, K]
         rewards = torch.tensor([g.rewards + [0.0] * (k_max - g.k) for g in groups], device=self.device)  # [G, K]
         batch = {"input_ids": input_ids, "attention_mask": attention, "target_mask": target,
-                 "group_mask": group_mask, "rewards": rewards,
+                 "group_mask": group_mask, "rewards": rewards, "groups": groups,
                  "versions": torch.tensor([g.behavior_version for g in groups], device=self.device)}
+        if self.shared_prefix:
+            batch["packed"] = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups],
+                                          self.tokenizer.pad_token_id, device=self.device)
         if self.objective.uses_behavior_logp:
             behavior = torch.zeros(input_ids.shape, device=self.device)  # [B, L]
             flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
@@ -348,12 +382,45 @@ class GGPOModule(L.LightningModule):
         out[group_mask] = per_row
         return out
 
+    def _token_logprobs(self, model: torch.nn.Module, batch: dict[str, Any]) -> Tensor:
+        """Token log-probs ``[B, L]`` (0 off the responses) of the batch's responses under ``model``:
+        on the shared-prefix rows when the batch has them, else on the padded rows; equal up to rounding."""
+        target = batch["target_mask"]  # [B, L]
+        if "packed" not in batch:
+            return token_logprobs(model, batch["input_ids"], batch["attention_mask"], target, self.logprob_chunk_size)
+        flat = packed_token_logprobs(model, batch["packed"], self.logprob_chunk_size)  # [N]
+        return torch.zeros(target.shape, device=flat.device).masked_scatter(target, flat)
+
+    def _reference_token_logprobs(self, batch: dict[str, Any]) -> Tensor:
+        """Reference token log-probs ``[B, L]`` (no grad) of the batch's responses.
+
+        The reference is frozen between refreshes, so each group's values are computed the
+        first time it is drawn and reused when it is drawn again (replay, offline data): only
+        groups not yet seen since the last ``refresh_reference`` go through the reference.
+        Reused values equal recomputed ones up to float rounding.
+        """
+        groups, target = batch["groups"], batch["target_mask"]
+        missing = [g for g in groups if self._cached_reference(g) is None]
+        if missing:
+            sub = batch if len(missing) == len(groups) else self._pack(missing)
+            with torch.no_grad(), self.reference_model() as reference:
+                tokens = self._token_logprobs(reference, sub)  # [B', L']
+            sizes = [sum(len(r) for r in g.response_ids) for g in missing]
+            for group, values in zip(missing, tokens[sub["target_mask"]].split(sizes)):  # [N_g] each
+                key, cache = id(group), self._ref_cache
+                cache[key] = (weakref.ref(group, lambda _, key=key: cache.pop(key, None)), values)
+        flat = torch.cat([self._cached_reference(g) for g in groups])  # [N]
+        return torch.zeros(target.shape, device=flat.device).masked_scatter(target, flat)
+
+    def _cached_reference(self, group: RolloutGroup) -> Tensor | None:
+        entry = self._ref_cache.get(id(group))
+        return entry[1] if entry is not None and entry[0]() is group else None
+
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch["group_mask"]  # [G, K]
-        rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
-        logp, tok_logp = sequence_logprobs(self.learner, *rows, chunk_size=self.logprob_chunk_size)  # [B], [B, L]
-        with torch.no_grad(), self.reference_model() as reference:
-            ref_logp, ref_tok = sequence_logprobs(reference, *rows, chunk_size=self.logprob_chunk_size)
+        tok_logp = self._token_logprobs(self.learner, batch)  # [B, L]
+        ref_tok = self._reference_token_logprobs(batch)  # [B, L]
+        logp, ref_logp = tok_logp.sum(-1), ref_tok.sum(-1)  # [B]
         logp_g, ref_g = self._to_groups(logp, mask), self._to_groups(ref_logp, mask)  # [G, K]
         rewards = batch["rewards"]
         name = self.objective.name
@@ -413,6 +480,29 @@ class GGPOModule(L.LightningModule):
         names = list(metrics)
         totals = sum_across_ranks(torch.stack([metrics[n].detach().float().to(self.device) for n in names]))
         return {n: total if _summed_metric(n) else total / world_size for n, total in zip(names, totals)}
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The update, then the gradients freed (``set_to_none``) at once rather than when the next backward
+        starts: the next rollout and forward run without a model-sized gradient buffer (lower peak memory)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer.zero_grad(set_to_none=True)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning's clipping; under bf16 mixed precision also with a fused optimizer (``fused=True``).
+
+        Lightning refuses to clip for optimizers that unscale gradients themselves whenever
+        mixed precision is on, because fp16's loss scaler would have it clip scaled
+        gradients. bf16 has no scaler: the gradients are the true ones, clipped here directly.
+        """
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if not (gradient_clip_val and fused and getattr(self.trainer.precision_plugin, "scaler", None) is None):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
@@ -475,6 +565,7 @@ class GGPOModule(L.LightningModule):
         directions that no longer mean anything; a refresh restarts the optimizer as it
         restarts the KL term.
         """
+        self._ref_cache.clear()  # log-probs of the old reference
         if self.lora is None:
             copy_weights_(self.reference, self.learner)  # sharded alike: local shards, no communication
             return

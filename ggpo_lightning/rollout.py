@@ -97,11 +97,20 @@ class HFGenerateEngine:
 
     ``dtype`` lets the behavior model run in another precision than the learner
     (e.g. bf16 sampling for an fp32 learner: the training-inference mismatch setting).
+
+    ``share=True`` samples with ``learner`` itself instead of a copy (one model less in
+    memory). That is exact only when the engine would hold the learner's current weights
+    at every rollout: a sync after every update, the learner's precision, and a plain
+    model; ``load_weights`` then only records the version. The model is put in eval mode
+    for sampling and back in its previous mode after.
     """
 
     def __init__(self, learner: nn.Module, tokenizer, dtype: torch.dtype | None = None,
-                 record_logprobs: bool = False) -> None:
-        self.model = copy.deepcopy(learner).eval().requires_grad_(False)
+                 record_logprobs: bool = False, share: bool = False) -> None:
+        if share and dtype is not None:
+            raise ValueError("a shared engine samples with the learner itself: it cannot have its own dtype")
+        self.shared = share
+        self.model = learner if share else copy.deepcopy(learner).eval().requires_grad_(False)
         if dtype is not None:
             self.model.to(dtype)
         self.tokenizer = tokenizer
@@ -111,6 +120,11 @@ class HFGenerateEngine:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
     def load_weights(self, learner: Weights, version: int) -> None:
+        if self.shared:
+            if learner is not self.model:
+                raise ValueError("a shared engine samples with its learner; it cannot load other weights")
+            self.version = version
+            return
         state = learner.state_dict() if isinstance(learner, nn.Module) else learner
         with torch.no_grad():
             # copies (and casts to the engine's dtype) in place: no reallocation
@@ -126,15 +140,18 @@ class HFGenerateEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
-        flat = [p for p in prompt_ids for _ in range(n)]  # prompt i's copies at rows i*n .. i*n+n-1
-        per_call = max(n, sampling.generation_batch_size // n * n)  # whole groups per call
-        responses: list[list[int]] = []
+        per_call = max(1, sampling.generation_batch_size // n)  # whole groups per call
+        responses: list[list[int]] = []  # prompt i's responses at rows i*n .. i*n+n-1
         logprobs: list[list[float]] = []
-        for start in range(0, len(flat), per_call):
-            chunk = self._sample(flat[start:start + per_call], sampling)
+        was_training = self.model.training
+        self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
+        for start in range(0, len(prompt_ids), per_call):
+            prompts = prompt_ids[start:start + per_call]
+            chunk = self._sample(prompts, n, sampling)
             responses.extend(chunk)
             if self.record_logprobs:
-                logprobs.extend(self._score(flat[start:start + per_call], chunk))
+                logprobs.extend(self._score([p for p in prompts for _ in range(n)], chunk))
+        self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [
             Generation(
@@ -157,8 +174,8 @@ class HFGenerateEngine:
         tokens = token_logprobs(self.model, input_ids, attention, target)  # [B, L]
         return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
 
-    def _sample(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[int]]:
-        return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, do_sample=True,
+    def _sample(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[int]]:
+        return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, n=n, do_sample=True,
                                   temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
 
 
@@ -173,19 +190,30 @@ def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int
 
 
 @torch.no_grad()
-def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int,
+def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
                        **decoding) -> list[list[int]]:
-    """One ``model.generate`` call on left-padded prompts; each response cut after its first EOS.
+    """``n`` responses per prompt from one ``model.generate`` call on left-padded prompts; prompt ``i``'s
+    responses at ``i*n .. i*n+n-1``, each cut after its first EOS.
 
-    ``decoding`` goes to ``generate`` (``do_sample``, ``temperature``, ``top_p``, ...).
+    With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once
+    per prompt and repeated ``n`` times, instead of once per response: the same attention
+    inputs, a fraction of the prompt work. ``decoding`` goes to ``generate``
+    (``do_sample``, ``temperature``, ``top_p``, ...).
     """
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [B, P]
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [G, P]
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    result = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                            pad_token_id=pad, eos_token_id=eos, **decoding)
+    cache = None
+    if n > 1 and width > 1 and getattr(model.config, "use_cache", True):
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
+        cache = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+                      position_ids=positions[:, :-1], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(n)  # [G * n, ...]: generate continues from the last prompt token
+    input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)  # [G * n, P]
+    result = model.generate(input_ids=input_ids, attention_mask=attention, past_key_values=cache,
+                            max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, **decoding)
     responses = []
     for seq in result[:, width:].tolist():  # [B, T]
         responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)

@@ -1,11 +1,13 @@
-"""Chunked log-probs equal the plain full-vocabulary computation, values and gradients."""
+"""Chunked log-probs equal the plain full-vocabulary computation, and shared-prefix rows equal padded rows,
+values and gradients."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ggpo_lightning.logprobs import pack_sequences, sequence_logprobs, token_logprobs
+from ggpo_lightning.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, sequence_logprobs,
+                                    supports_packed, token_logprobs)
 
 
 def reference_token_logprobs(model, input_ids, attention_mask, target_mask):
@@ -80,3 +82,68 @@ def test_bad_input(tiny_lm, batch):
         token_logprobs(model, input_ids, attention[:, :3], target)
     with pytest.raises(ValueError, match="at least one token"):
         pack_sequences([[]], [[1]], 0)
+
+
+def _groups(tok):
+    """Two prompt groups of uneven responses (one empty), as token ids."""
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [tok("1+2=")["input_ids"], tok("17+8=")["input_ids"]]
+    responses = [[enc("3") + [tok.eos_token_id], enc("4"), enc("1234567")],
+                 [enc("25") + [tok.eos_token_id], [], enc("9"), enc("26")]]
+    return prompts, responses
+
+
+def test_pack_groups_layout(tiny_lm):
+    _, tok = tiny_lm
+    prompts, responses = _groups(tok)
+    packed = pack_groups(prompts, responses, tok.pad_token_id)
+    lengths = [len(p) + sum(len(r) for r in rs) for p, rs in zip(prompts, responses)]
+    assert packed.input_ids.shape == (2, max(lengths))  # one row per group: one prompt copy each
+    assert packed.targets.tolist() == [t for rs in responses for r in rs for t in r]
+    row = packed.input_ids[0, :lengths[0]].tolist()
+    assert row == prompts[0] + [t for r in responses[0] for t in r]
+    # the third response restarts its positions after the prompt and sees the prompt, not the other responses
+    p, start = len(prompts[0]), len(prompts[0]) + 3
+    assert packed.position_ids[0, start:start + 7].tolist() == list(range(p, p + 7))
+    assert packed.attention[0, 0, start, :p].all() and not packed.attention[0, 0, start, p:start].any()
+
+
+@pytest.mark.parametrize("max_row_tokens", [512, 8, 1])
+def test_shared_prefix_rows_equal_padded_rows_values_and_gradients(tiny_lm, max_row_tokens):
+    model, tok = tiny_lm
+    prompts, responses = _groups(tok)
+    rows = pack_sequences([p for p, rs in zip(prompts, responses) for _ in rs],
+                          [r for rs in responses for r in rs], tok.pad_token_id)
+    expected = token_logprobs(model, *rows)[rows[2]]  # [N]
+    expected.sum().backward()
+    grads_expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    packed = pack_groups(prompts, responses, tok.pad_token_id, max_row_tokens=max_row_tokens)
+    got = packed_token_logprobs(model, packed, chunk_size=3)
+    got.sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip((p.grad for p in model.parameters()), grads_expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    if max_row_tokens == 1:  # every (non-empty) response in a row of its own, each with its prompt copy
+        assert packed.input_ids.shape[0] == sum(len(r) > 0 for rs in responses for r in rs)
+
+
+def test_shared_prefix_needs_sdpa_attention(tiny_lm):
+    model, _ = tiny_lm
+    assert supports_packed(model)
+    model.config._attn_implementation = "flash_attention_2"  # ignores custom 4D masks
+    assert not supports_packed(model)
+
+
+def test_shared_prefix_attention_runs_in_float32_on_cpu_and_is_restored(tiny_lm):
+    model, tok = tiny_lm
+    prompts, responses = _groups(tok)
+    packed = pack_groups(prompts, responses, tok.pad_token_id)
+    exact = packed_token_logprobs(model, packed)  # fp32: float32 attention is the same computation
+    assert model.config._attn_implementation == "sdpa"  # restored after the forward
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = packed_token_logprobs(model, packed)
+    mixed.sum().backward()
+    torch.testing.assert_close(mixed, exact, rtol=0.0, atol=0.1)  # bf16 matmuls, fp32 attention
+    assert model.config._attn_implementation == "sdpa"
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -141,6 +141,14 @@ def test_sync_every_step_is_on_policy(tiny_model_dir, data_dir):
     assert [r["versions"] for r in probe.rows] == [[s] * 3 for s in range(4)]  # staleness 0 every step
 
 
+def test_the_engine_shares_the_learner_only_when_it_would_be_an_exact_copy(tiny_model_dir):
+    on_policy = make_module(tiny_model_dir)
+    assert on_policy.engine.model is on_policy.learner
+    for kwargs in ({"sync_every": 2}, {"dtype": "bfloat16"}):
+        module = make_module(tiny_model_dir, rollout=RolloutConfig(k=4, **kwargs))
+        assert module.engine.model is not module.learner
+
+
 def test_offline_mode_generates_only_once(tiny_model_dir, data_dir):
     module = make_module(tiny_model_dir)
     calls = []
@@ -271,3 +279,96 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
     assert trainer.global_step == 2 and module.nan_steps == 0
     assert all(p.dtype == torch.float32 for p in module.learner.parameters())  # fp32 master weights
     assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
+
+
+def test_bf16_with_a_fused_optimizer_clips_gradients(tiny_model_dir, data_dir):
+    # Lightning alone refuses gradient clipping for fused optimizers under mixed precision (fp16's scaler)
+    norms = []
+
+    class Recording(GGPOModule):
+        def configure_gradient_clipping(self, optimizer, *args, **kwargs):
+            super().configure_gradient_clipping(optimizer, *args, **kwargs)
+            grads = [p.grad.norm() for p in self.learner.parameters() if p.grad is not None]
+            norms.append(torch.linalg.vector_norm(torch.stack(grads)))
+
+    module = make_module(tiny_model_dir, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True))
+    module.__class__ = Recording
+    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed", gradient_clip_val=1e-3)
+    assert trainer.global_step == 2 and len(norms) == 2 and all(n <= 1e-3 * (1 + 1e-3) for n in norms)
+
+
+@pytest.mark.parametrize("objective", ["ggpo", "grpo"])
+def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_dir, tiny_lm, objective):
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0],
+                         behavior_logprobs=[[-1.0], [-2.0], [-1.5, -0.5]]),
+              make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0],
+                         behavior_logprobs=[[-0.1, -0.2, -0.3], [-2.0]])]
+    packed, padded = (make_module(tiny_model_dir, objective=objective, shared_prefix=s) for s in (True, False))
+    assert "packed" in packed._pack(groups) and "packed" not in padded._pack(groups)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a learner away from the reference, the same in both
+        for p, q in zip(packed.learner.parameters(), padded.learner.parameters()):
+            q.copy_(p.add_(0.05 * torch.randn_like(p)))
+    torch.testing.assert_close(packed._loss(packed._pack(groups))[0], padded._loss(padded._pack(groups))[0],
+                               rtol=1e-5, atol=1e-6)
+    for g, e in zip(_step_gradients(packed, groups), _step_gradients(padded, groups)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm):
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    a = make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0], prompt_id="a")
+    b = make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0], prompt_id="b")
+    module = make_module(tiny_model_dir)
+    calls = []
+    forward = module._token_logprobs
+    module._token_logprobs = lambda model, batch: calls.append([g.prompt_id for g in batch["groups"]]) or forward(
+        model, batch)
+    cached = module._reference_token_logprobs(module._pack([a]))  # computes a's
+    both = module._pack([b, a])
+    got = module._reference_token_logprobs(both)  # computes b's only, reuses a's
+    assert calls == [["a"], ["b"]]
+    with torch.no_grad():
+        recomputed = forward(module.reference, both)  # [B, L]
+    torch.testing.assert_close(got, recomputed, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[2:, :cached.shape[1]], cached, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # a new reference: nothing cached is valid any more
+        next(module.learner.parameters()).add_(0.5)
+    module.refresh_reference()
+    with torch.no_grad():
+        recomputed = forward(module.reference, both)
+    torch.testing.assert_close(module._reference_token_logprobs(both), recomputed, rtol=1e-5, atol=1e-6)
+    assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
+    del a, b, both
+    assert not module._ref_cache  # entries leave with their groups
+
+
+def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
+    seen = []
+
+    class GradProbe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            seen.append(all(p.grad is None for p in pl_module.learner.parameters()))
+
+    module = make_module(tiny_model_dir)
+    fit(module, make_data(data_dir), steps=2, callbacks=[GradProbe()])
+    assert seen == [True, True]
+
+
+def test_a_rollout_under_autocast_casts_the_weights_once_and_samples_the_same(tiny_model_dir):
+    from ggpo_lightning.data import PromptRow
+    from ggpo_verifiers import get_verifier
+
+    module = make_module(tiny_model_dir)
+    module.verifier = get_verifier("numeric")
+    rows = [PromptRow("a", "1+2=", "3"), PromptRow("b", "4+4=", "8")]
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):  # as Lightning's bf16-mixed
+        torch.manual_seed(0)
+        cached = module.rollout(rows)
+        torch.manual_seed(0)
+        prompts = [module.encode_prompt(r.prompt) for r in rows]
+        plain = module.engine.generate(prompts, 4, module.rollout_config.sampling)
+    assert [g.response_ids for g in cached] == [g.response_ids for g in plain]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
-from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig
+from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, generate_responses
 
 
 def params_equal(a, b) -> bool:
@@ -75,3 +75,39 @@ def test_bf16_engine_for_the_mismatch_setting(tiny_lm):
 def test_sampling_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kwargs)
+
+
+def test_a_shared_engine_samples_what_a_synced_copy_samples(tiny_lm):
+    model, tok = tiny_lm
+    model.train()
+    shared, private = HFGenerateEngine(model, tok, share=True), HFGenerateEngine(model, tok)
+    assert shared.model is model
+    prompts = [tok("1+2=")["input_ids"], tok("4+4=")["input_ids"]]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.3)
+    outs = []
+    for engine in (shared, private):
+        torch.manual_seed(0)
+        outs.append([g.response_ids for g in engine.generate(prompts, 3, sampling)])
+    assert outs[0] == outs[1]
+    assert model.training and all(p.requires_grad for p in model.parameters())  # the learner is left as it was
+    shared.load_weights(model, version=3)
+    assert shared.version == 3
+    with pytest.raises(ValueError, match="shared engine"):
+        shared.load_weights(private.model, version=4)
+    with pytest.raises(ValueError, match="dtype"):
+        HFGenerateEngine(model, tok, dtype=torch.bfloat16, share=True)
+
+
+def test_a_prompt_prefix_computed_once_per_group_gives_the_same_responses(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"]]  # left padding too
+    shared = generate_responses(model, tok, prompts, 6, n=3, do_sample=False)
+    alone = generate_responses(model, tok, [p for p in prompts for _ in range(3)], 6, do_sample=False)
+    assert shared == alone
+    # sampling: the logits of every step match, so with one seed the same draws come out
+    torch.manual_seed(1)
+    shared = generate_responses(model, tok, prompts, 6, n=3, do_sample=True, temperature=1.0, top_k=0)
+    torch.manual_seed(1)
+    alone = generate_responses(model, tok, [p for p in prompts for _ in range(3)], 6, do_sample=True,
+                               temperature=1.0, top_k=0)
+    assert shared == alone

@@ -1,0 +1,231 @@
+"""ggpo-train against TRL's GRPOTrainer on the same model, data and workload, side by side.
+
+    .venv/bin/pip install -e .[bench]        # TRL, for this benchmark only
+    .venv/bin/python benchmarks/vs_trl.py --steps 40 --out runs/vs_trl
+
+1. Builds the peer benchmark's artifacts once (``shared/peer-bench/tiny_setup.py``): ``tiny``
+   (1.05M parameters, 1500 supervised warm-up steps) and ``m30`` (33.6M, 150 steps).
+2. For each model and precision (fp32, bf16), runs TRL's harness
+   (``shared/peer-bench/trl_grpo_baseline.py``) and ``benchmarks/ggpo_worker.py``, each in
+   its own process, one after the other (the order alternates between rounds), with the
+   same workload: 8 prompts x K=8, temperature 1, at most 16 new tokens, beta 0.04, AdamW
+   lr 1e-4, clip 1.0, ``--steps`` steps, one torch thread.
+3. Runs both systems longer on tiny (``--learning-steps`` at ``--learning-lr``, fp32) and
+   compares sampled reward and greedy held-out accuracy: speed must not cost learning.
+4. Measures this machine's matmul rate (one thread, a large square matmul, fp32 and
+   bf16) and the utilization of ggpo's learner update on m30 with long responses:
+   ``6 * parameters * tokens / seconds / peak`` (``--util-response-len`` tokens sampled
+   from the randomly initialised m30, which rarely stops early).
+
+Prints per system the median s/step (step 1 excluded), completions/s, tokens/s, peak RSS,
+the time split, the reward curve and the ratios ggpo/TRL; writes everything as JSON to
+``--out``. On a shared machine absolute times drift: read the ratios of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {
+    "tiny": ["--sft-steps", "1500"],
+    "m30": ["--hidden", "512", "--layers", "8", "--heads", "8", "--sft-steps", "150", "--sft-lr", "1e-3"],
+}
+PHASES = {  # our phase -> TRL harness phase(s)
+    "generate": ["gen.hf_generate"], "verify": ["gen.reward"], "learner_forward": ["loss.policy_forward(grad)"],
+    "reference_forward": ["gen.ref_logprobs"], "backward": ["backward"], "optimizer": ["optimizer_step", "grad_clip"],
+}
+
+
+def build_artifacts(peer_bench: Path, root: Path, names: list[str]) -> None:
+    for name in names:
+        if (root / name / "setup_info.json").exists():
+            continue
+        print(f"building {name} artifacts in {root / name} ...", flush=True)
+        subprocess.run([sys.executable, str(peer_bench / "tiny_setup.py"), "--out", str(root / name), "--threads", "1",
+                        *MODELS[name]], check=True)
+
+
+def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path,
+               lr: float = 1e-4) -> dict:
+    """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``)."""
+    script = peer_bench / "trl_grpo_baseline.py" if system == "trl" else ROOT / "benchmarks" / "ggpo_worker.py"
+    cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
+           "--lr", str(lr), "--out", str(out)] + (["--bf16"] if bf16 else [])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = out.with_suffix(".log")
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{system} on {artifacts.name} failed ({proc.returncode}); see {log}")
+    result = json.loads(out.read_text())
+    result.pop("per_step", None)
+    return result
+
+
+def phase_split(result: dict, system: str) -> dict[str, float]:
+    """Median seconds per phase, under our phase names."""
+    med = result["phase_median_s"]
+    if system == "ggpo":
+        return {k: med.get(k, 0.0) for k in PHASES}
+    return {k: sum(med.get(n, 0.0) for n in names) for k, names in PHASES.items()}
+
+
+def matmul_peak(dtype_name: str, sizes: tuple[int, ...] = (1024, 2048, 4096), repeat: int = 5) -> float:
+    """FLOP/s of the fastest ``n x n`` square matmul on one thread (the best of ``repeat`` per size)."""
+    import torch
+
+    torch.set_num_threads(1)
+    dtype = getattr(torch, dtype_name)
+    rates = []
+    for n in sizes:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        rates.append(2 * n**3 / best)
+    return max(rates)
+
+
+def summarize(model: str, precision: str, runs: dict[str, list[dict]]) -> dict:
+    """Per-system medians over rounds and the ratios ggpo/TRL."""
+    import statistics
+
+    def med(system: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[system])
+
+    row = {"model": model, "precision": precision, "n_params": runs["ggpo"][0]["n_params"]}
+    for system in ("trl", "ggpo"):
+        row[system] = {
+            "sec_per_step": med(system, "sec_per_step_median_excl_first"),
+            "completions_per_sec": med(system, "completions_per_sec"),
+            "total_tokens_per_sec": med(system, "total_tokens_per_sec"),
+            "peak_rss_mb": med(system, "peak_rss_mb"),
+            "phase_s": phase_split(runs[system][-1], system),
+            "reward_per_step": runs[system][-1]["reward_per_step"],
+            "reward_first10": med(system, "reward_mean_first10"), "reward_last10": med(system, "reward_mean_last10"),
+            "greedy_acc_before": med(system, "greedy_test_acc_before"),
+            "greedy_acc_after": med(system, "greedy_test_acc_after"),
+            "mean_completion_len": med(system, "mean_completion_len"),
+        }
+    row["ratio"] = {k: row["ggpo"][k] / row["trl"][k]
+                    for k in ("completions_per_sec", "total_tokens_per_sec", "peak_rss_mb", "sec_per_step")}
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| model | precision | system | s/step | completions/s | tokens/s | peak RSS MB | "
+          "generate / verify / learner fwd / ref fwd / backward / optimizer (s) | reward first10 -> last10 | "
+          "greedy acc before -> after |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        for system in ("trl", "ggpo"):
+            s = row[system]
+            split = " / ".join(f"{s['phase_s'][k]:.3f}" for k in PHASES)
+            print(f"| {row['model']} | {row['precision']} | {system} | {s['sec_per_step']:.3f} | "
+                  f"{s['completions_per_sec']:.1f} | {s['total_tokens_per_sec']:.0f} | {s['peak_rss_mb']:.0f} | "
+                  f"{split} | {s['reward_first10']:.3f} -> {s['reward_last10']:.3f} | "
+                  f"{s['greedy_acc_before']:.3f} -> {s['greedy_acc_after']:.3f} |")
+        r = row["ratio"]
+        print(f"| {row['model']} | {row['precision']} | **ggpo/TRL** | {r['sec_per_step']:.2f}x | "
+              f"**{r['completions_per_sec']:.2f}x** | {r['total_tokens_per_sec']:.2f}x | **{r['peak_rss_mb']:.2f}x** "
+              "| | | |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer-bench", type=Path, default=ROOT.parent / "shared" / "peer-bench")
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "runs" / "bench", help="where the models are built")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "vs_trl")
+    parser.add_argument("--models", default="tiny,m30")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=1, help="runs per system and setting (order alternates)")
+    parser.add_argument("--util-response-len", type=int, default=256, help="0 = skip the utilization measurement")
+    parser.add_argument("--learning-steps", type=int, default=200,
+                        help="a longer run of both systems on tiny (fp32) to compare learning; 0 = skip")
+    parser.add_argument("--learning-lr", type=float, default=5e-4)
+    args = parser.parse_args()
+    models, precisions = args.models.split(","), args.precisions.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    build_artifacts(args.peer_bench, args.artifacts, models)
+
+    rows = []
+    for model in models:
+        for precision in precisions:
+            runs: dict[str, list[dict]] = {"trl": [], "ggpo": []}
+            for rnd in range(args.rounds):
+                for system in (("trl", "ggpo") if rnd % 2 == 0 else ("ggpo", "trl")):
+                    out = args.out / f"{model}_{precision}_{system}_r{rnd}.json"
+                    result = run_system(system, args.peer_bench, args.artifacts / model, args.steps,
+                                        precision == "bf16", out)
+                    runs[system].append(result)
+                    print(f"{model} {precision} {system} round {rnd}: {result['sec_per_step_median_excl_first']:.3f} "
+                          f"s/step, {result['completions_per_sec']:.1f} completions/s, "
+                          f"peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+            rows.append(summarize(model, precision, runs))
+    peaks = {name: matmul_peak(name) for name in ("float32", "bfloat16")}
+    print(f"\nmatmul peak, 1 thread, best square matmul of 1024/2048/4096: fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, "
+          f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
+    print_table(rows)
+    report = {"rows": rows, "matmul_peak_flops": peaks, "steps": args.steps, "rounds": args.rounds}
+    if args.learning_steps:
+        report["learning"] = learning_check(args)
+    if args.util_response_len:
+        report["utilization"] = learner_utilization(args, peaks)
+    (args.out / "vs_trl.json").write_text(json.dumps(report, indent=2))
+    print(f"\nwritten to {args.out / 'vs_trl.json'}")
+
+
+def learning_check(args) -> dict:
+    """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``: does the speed cost learning?"""
+    import statistics
+
+    build_artifacts(args.peer_bench, args.artifacts, ["tiny"])
+    rows = {}
+    for system in ("trl", "ggpo"):
+        r = run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
+                       args.out / f"learning_tiny_{system}.json", lr=args.learning_lr)
+        rewards = r["reward_per_step"]
+        rows[system] = {
+            "reward_first50": statistics.mean(rewards[:50]), "reward_last50": statistics.mean(rewards[-50:]),
+            "reward_mean": statistics.mean(rewards), "greedy_acc_before": r["greedy_test_acc_before"],
+            "greedy_acc_after": r["greedy_test_acc_after"], "sec_per_step": r["sec_per_step_median_excl_first"],
+            "reward_per_step": rewards,
+        }
+        print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, {system}: sampled reward "
+              f"{rows[system]['reward_first50']:.3f} (first 50) -> {rows[system]['reward_last50']:.3f} (last 50), "
+              f"greedy accuracy {r['greedy_test_acc_before']:.3f} -> {r['greedy_test_acc_after']:.3f}, "
+              f"{r['sec_per_step_median_excl_first']:.3f} s/step", flush=True)
+    return rows
+
+
+def learner_utilization(args, peaks: dict[str, float]) -> dict:
+    """Runs ``benchmarks/learner_update.py`` on a randomly initialised m30 and relates it to the matmul peak."""
+    out = args.out / "learner_update.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_update.py"),
+                    "--like", str(args.artifacts / "m30" / "model"), "--response-len", str(args.util_response_len),
+                    "--precisions", "bf16", "--repeat", "2", "--out", str(out)],
+                   check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    result = json.loads(out.read_text())
+    for run in result["runs"]:
+        peak = peaks["bfloat16" if run["precision"] == "bf16" else "float32"]
+        run["utilization_of_same_precision_peak"] = run["model_flops_per_s"] / peak
+        run["utilization_of_bf16_peak"] = run["model_flops_per_s"] / peaks["bfloat16"]
+        print(f"learner update, m30, {run['precision']}, {run['tokens']} tokens/step: {run['seconds']:.3f} s, "
+              f"{run['model_flops_per_s'] / 1e9:.0f} GFLOP/s = {100 * run['utilization_of_bf16_peak']:.0f}% of the "
+              f"bf16 matmul peak ({100 * run['utilization_of_same_precision_peak']:.0f}% of its own precision's)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
