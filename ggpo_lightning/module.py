@@ -278,8 +278,9 @@ class GGPOModule(L.LightningModule):
 
         Both get the same data-parallel mesh and layout, so a reference refresh copies local
         shards. With ``bf16-mixed`` precision, layers are gathered and run in bfloat16 and
-        gradients reduced in float32. The rollout engine keeps full weights (see
-        ``sync_rollout_engine``). Other strategies (single device, DDP): nothing to do.
+        gradients reduced in float32. The rollout engine keeps full weights: its own copy,
+        also where one process samples with the learner itself (see ``sync_rollout_engine``).
+        Other strategies (single device, DDP): nothing to do.
         """
         from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -299,6 +300,11 @@ class GGPOModule(L.LightningModule):
         policy = None
         if str(self.trainer.precision) == "bf16-mixed":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.engine.shared:
+            # sampling with the sharded learner would gather every layer at every generated token, and
+            # deadlock when ranks stop generating at different lengths: the engine gets its own full copy
+            self.engine = HFGenerateEngine(self.learner, self.tokenizer, record_logprobs=self.engine.record_logprobs)
+            self.engine.to(self.device)
         for model in (self.learner, self.reference):
             shard_decoder_layers(model, mesh["data_parallel"], policy)
 
