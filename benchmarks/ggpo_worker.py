@@ -6,9 +6,10 @@ The workload is the peer benchmark's (``shared/peer-bench/README.md``): 8 prompt
 responses per optimizer step, temperature 1, top-p 1, at most 16 new tokens, the reward
 "first integer equals the gold" (``first_integer.py``), beta 0.04, AdamW lr 1e-4 without
 weight decay (fused, as TRL's default ``adamw_torch_fused``), gradient-norm clip 1.0, one torch
-thread. Differences that remain: TRL decays the learning rate linearly to 0 over the run (its
-default scheduler), ours stays constant; TRL's loss is GRPO (``dapo`` token averaging), ours
-GGPO; the reference is never refreshed in either. ``benchmarks/vs_trl.py`` runs this script
+thread, and TRL's default learning-rate schedule: linear decay to 0 over the run (added here,
+benchmark-side; ``ggpo-train`` itself keeps the rate constant). Differences that remain: TRL's
+loss is GRPO (``dapo`` token averaging), ours GGPO (``-- --model.objective=grpo`` for ours);
+the reference is never refreshed in either. ``benchmarks/vs_trl.py`` runs this script
 alternately with TRL's harness; extra ``ggpo-train`` flags go after ``--``.
 
 Timing is benchmark-side only: wrappers around the rollout engine, the verifier and the
@@ -107,6 +108,18 @@ def _phase_timer(phase: dict, counts: dict, records: list):
     return PhaseTimer()
 
 
+def _linear_decay(module, steps: int) -> None:
+    """TRL's default schedule on the module's optimizer: ``lr * max(0, 1 - step / steps)``, per step."""
+    configure = module.configure_optimizers
+
+    def with_schedule() -> dict:
+        optimizer = configure()
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    module.configure_optimizers = with_schedule
+
+
 def _count_tokens(module, counts: dict) -> None:
     """Counts generated response tokens and prompt tokens per rollout (wraps ``GGPOModule.rollout``)."""
     rollout = module.rollout
@@ -171,6 +184,7 @@ def main() -> None:
                        save_config_kwargs={"overwrite": True}, trainer_defaults=TRAINER_DEFAULTS, args=cli_args)
     phase, counts, records = defaultdict(float), defaultdict(int), []
     _count_tokens(cli.model, counts)
+    _linear_decay(cli.model, args.steps)
     cli.trainer.callbacks.append(_phase_timer(phase, counts, records))
     rss_after_load = _rss_mb()
     setup_s = time.perf_counter() - setup_start

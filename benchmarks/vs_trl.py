@@ -53,11 +53,15 @@ def build_artifacts(peer_bench: Path, root: Path, names: list[str]) -> None:
 
 
 def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path,
-               lr: float = 1e-4) -> dict:
-    """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``)."""
+               lr: float = 1e-4, seed: int = 42) -> dict:
+    """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``).
+
+    ``system``: ``trl``, ``ggpo`` or ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective)."""
     script = peer_bench / "trl_grpo_baseline.py" if system == "trl" else ROOT / "benchmarks" / "ggpo_worker.py"
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
-           "--lr", str(lr), "--out", str(out)] + (["--bf16"] if bf16 else [])
+           "--lr", str(lr), "--seed", str(seed), "--out", str(out)] + (["--bf16"] if bf16 else [])
+    if system == "ggpo-grpo":
+        cmd += ["--", "--model.objective=grpo"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = out.with_suffix(".log")
     with open(log, "w") as f:
@@ -154,12 +158,13 @@ def main() -> None:
     parser.add_argument("--learning-steps", type=int, default=200,
                         help="a longer run of both systems on tiny (fp32) to compare learning; 0 = skip")
     parser.add_argument("--learning-lr", type=float, default=5e-4)
+    parser.add_argument("--learning-seeds", default="42,43,44", help="one learning run per system and seed")
     args = parser.parse_args()
-    models, precisions = args.models.split(","), args.precisions.split(",")
+    models, precisions = [m for m in args.models.split(",") if m], args.precisions.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     build_artifacts(args.peer_bench, args.artifacts, models)
 
-    rows = []
+    rows: list[dict] = []
     for model in models:
         for precision in precisions:
             runs: dict[str, list[dict]] = {"trl": [], "ggpo": []}
@@ -176,7 +181,8 @@ def main() -> None:
     peaks = {name: matmul_peak(name) for name in ("float32", "bfloat16")}
     print(f"\nmatmul peak, 1 thread, best square matmul of 1024/2048/4096: fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s, "
           f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
-    print_table(rows)
+    if rows:
+        print_table(rows)
     report = {"rows": rows, "matmul_peak_flops": peaks, "steps": args.steps, "rounds": args.rounds}
     if args.learning_steps:
         report["learning"] = learning_check(args)
@@ -187,25 +193,38 @@ def main() -> None:
 
 
 def learning_check(args) -> dict:
-    """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``: does the speed cost learning?"""
+    """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``, once per seed: does speed cost learning?
+
+    ``ggpo-train`` runs twice, with GGPO and with its GRPO objective, so a difference in
+    learning can be put on the trainer or on the objective."""
     import statistics
 
     build_artifacts(args.peer_bench, args.artifacts, ["tiny"])
     rows = {}
-    for system in ("trl", "ggpo"):
-        r = run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
-                       args.out / f"learning_tiny_{system}.json", lr=args.learning_lr)
-        rewards = r["reward_per_step"]
+    for system in ("trl", "ggpo", "ggpo-grpo"):  # ggpo-train's GRPO: trainer and objective told apart
+        runs = [run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
+                           args.out / f"learning_tiny_{system}_seed{seed}.json", lr=args.learning_lr, seed=int(seed))
+                for seed in args.learning_seeds.split(",")]
+        curves = [r["reward_per_step"] for r in runs]
         rows[system] = {
-            "reward_first50": statistics.mean(rewards[:50]), "reward_last50": statistics.mean(rewards[-50:]),
-            "reward_mean": statistics.mean(rewards), "greedy_acc_before": r["greedy_test_acc_before"],
-            "greedy_acc_after": r["greedy_test_acc_after"], "sec_per_step": r["sec_per_step_median_excl_first"],
-            "reward_per_step": rewards,
+            "seeds": args.learning_seeds,
+            "reward_first50": statistics.mean(statistics.mean(c[:50]) for c in curves),
+            "reward_last50": statistics.mean(statistics.mean(c[-50:]) for c in curves),
+            "reward_last50_per_seed": [statistics.mean(c[-50:]) for c in curves],
+            "greedy_acc_before": statistics.mean(r["greedy_test_acc_before"] for r in runs),
+            "greedy_acc_after": statistics.mean(r["greedy_test_acc_after"] for r in runs),
+            "greedy_acc_after_per_seed": [r["greedy_test_acc_after"] for r in runs],
+            "sec_per_step": statistics.median(r["sec_per_step_median_excl_first"] for r in runs),
+            "reward_per_step_mean": [statistics.mean(v) for v in zip(*curves)],
         }
-        print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, {system}: sampled reward "
-              f"{rows[system]['reward_first50']:.3f} (first 50) -> {rows[system]['reward_last50']:.3f} (last 50), "
-              f"greedy accuracy {r['greedy_test_acc_before']:.3f} -> {r['greedy_test_acc_after']:.3f}, "
-              f"{r['sec_per_step_median_excl_first']:.3f} s/step", flush=True)
+        row = rows[system]
+        print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, seeds "
+              f"{args.learning_seeds}, {system}: sampled reward {row['reward_first50']:.3f} (first 50) -> "
+              f"{row['reward_last50']:.3f} (last 50; per seed "
+              f"{', '.join(f'{x:.3f}' for x in row['reward_last50_per_seed'])}), greedy accuracy "
+              f"{row['greedy_acc_before']:.3f} -> {row['greedy_acc_after']:.3f} (per seed "
+              f"{', '.join(f'{x:.3f}' for x in row['greedy_acc_after_per_seed'])}), {row['sec_per_step']:.3f} s/step",
+              flush=True)
     return rows
 
 

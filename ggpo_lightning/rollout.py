@@ -145,13 +145,15 @@ class HFGenerateEngine:
         logprobs: list[list[float]] = []
         was_training = self.model.training
         self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
-        for start in range(0, len(prompt_ids), per_call):
-            prompts = prompt_ids[start:start + per_call]
-            chunk = self._sample(prompts, n, sampling)
-            responses.extend(chunk)
-            if self.record_logprobs:
-                logprobs.extend(self._score([p for p in prompts for _ in range(n)], chunk))
-        self.model.train(was_training)
+        try:
+            for start in range(0, len(prompt_ids), per_call):
+                prompts = prompt_ids[start:start + per_call]
+                chunk = self._sample(prompts, n, sampling)
+                responses.extend(chunk)
+                if self.record_logprobs:
+                    logprobs.extend(self._score([p for p in prompts for _ in range(n)], chunk))
+        finally:
+            self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [
             Generation(
@@ -205,15 +207,17 @@ def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], ma
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [G, P]
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    cache = None
+    prefix: dict = {}
     if n > 1 and width > 1 and getattr(model.config, "use_cache", True):
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
-        cache = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
-                      position_ids=positions[:, :-1], use_cache=True).past_key_values
-        cache.batch_repeat_interleave(n)  # [G * n, ...]: generate continues from the last prompt token
+        out = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                    use_cache=True)
+        name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.x renamed it "cache"
+        out[name].batch_repeat_interleave(n)  # [G * n, ...]: generate continues from the last prompt token
+        prefix = {name: out[name]}
     input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)  # [G * n, P]
-    result = model.generate(input_ids=input_ids, attention_mask=attention, past_key_values=cache,
-                            max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, **decoding)
+    result = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                            pad_token_id=pad, eos_token_id=eos, **prefix, **decoding)
     responses = []
     for seq in result[:, width:].tolist():  # [B, T]
         responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
