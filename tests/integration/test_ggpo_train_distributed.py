@@ -61,8 +61,10 @@ def workload(tmp_path_factory, tiny_model_dir, data_dir) -> Workload:
     return Workload(root, tiny_model_dir, data_dir)
 
 
-def train(w: Workload, name: str, *args: str) -> Path:
-    """One ggpo-train run (and the ranks it starts) in a subprocess; returns its run directory."""
+def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -> Path:
+    """One ggpo-train run (and the ranks it starts) in a subprocess; returns its run directory.
+
+    ``args`` come before this workload's settings, ``overrides`` after them (the last value wins)."""
     (w.root / name).mkdir()
     callbacks = w.root / name / "trace.yaml"
     callbacks.write_text(json.dumps({"trainer": {"callbacks": [
@@ -82,7 +84,7 @@ def train(w: Workload, name: str, *args: str) -> Path:
         "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.logger.init_args.save_dir", str(w.root / name), "--trainer.logger.init_args.name", "run",
-        "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k", "-1",
+        "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k", "-1", *overrides,
     ]
     result = subprocess.run(command, env=env, cwd=w.root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -192,3 +194,19 @@ def test_a_checkpoint_from_two_processes_resumes(workload, strategy, resume_on):
     resumed = trace(run)
     assert sorted(resumed) == list(range(resume_on))
     assert resumed[0][0]["step"] == 2 and resumed[0][-1]["step"] == STEPS
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_online_ranks_roll_out_disjoint_prompts_with_the_engine_synced_every_update(workload, strategy):
+    """Online, sync every update: one process would sample with the learner itself; under FSDP2 the
+    engine gets its own full copy, under DDP each rank samples with its replica."""
+    run = train(workload, f"{strategy}-online", *(FSDP if strategy == "fsdp" else DDP), overrides=(
+        "--data.mode", "online", "--data.buffer_path", "null", "--data.buffer_draw", "null",
+        "--model.rollout.sync_every", "1", "--trainer.max_steps", "2"))
+    ranks = trace(run)
+    for step in range(2):
+        ids = [ranks[rank][step]["prompt_ids"] for rank in (0, 1)]
+        assert len(ids[0]) == len(ids[1]) == PROMPTS // 2 and not set(ids[0]) & set(ids[1])
+        assert ranks[0][step]["engine_version"] == ranks[1][step]["engine_version"] == step
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["generated_samples"] == 2 * PROMPTS * 8  # both ranks' samples, counted once each
