@@ -193,6 +193,7 @@ class GGPOModule(L.LightningModule):
         self._train_clock: tuple[float, int] | None = None
         self.generated_samples = 0
         self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
+        self._resync_engine = False  # set by a checkpoint that left the engine's weights to the learner's
         # reference log-probs by group (id -> (weak reference to the group, flat [N_g] tensor)); valid until the
         # next reference refresh, which clears it; an entry leaves with its group
         self._ref_cache: dict[int, tuple[weakref.ref, Tensor]] = {}
@@ -699,7 +700,7 @@ class GGPOModule(L.LightningModule):
         checkpoint["ggpo"] = {
             "model_name_or_path": self.model_name_or_path,  # what ggpo eval loads the learner weights into
             "engine_version": self.engine.version,
-            "engine_state": self.engine.model.state_dict(),  # full weights, the same on every rank
+            "engine_state": self._engine_state_to_save(),
             "nan_steps": self.nan_steps,
             "ranks": all_gather_objects({"rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
                                          "generated_samples": self.generated_samples}),
@@ -711,13 +712,34 @@ class GGPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["ggpo"]
         self._check_base(state)
-        self.engine.model.load_state_dict(state["engine_state"])
+        if state["engine_state"] is None:
+            self._resync_engine = True  # it held the learner's weights of this step, restored later
+        elif not self.engine.shared:
+            self.engine.model.load_state_dict(state["engine_state"])
         self.engine.version = state["engine_version"]
         self.nan_steps = state["nan_steps"]
         # checkpoints before per-rank state held one process's state at the top level
         self._restore_rank_state(state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}])
         if self.lora is not None:
             self.lora_merges = state["lora"]["merges"]
+
+    def _engine_state_to_save(self) -> dict[str, Tensor] | None:
+        """The engine's weights, or None where a resume can rebuild them from the learner's.
+
+        An engine synced at this very step holds the learner's weights (cast or merged as a
+        sync does), and a shared engine is the learner: saving them again would add a full
+        model copy to every checkpoint (on rank 0, in one file). A resume then syncs once
+        the learner's weights are restored (``on_train_start``); a stale engine's weights
+        are saved.
+        """
+        if self.engine.shared or self.engine.version == self.global_step:
+            return None
+        return self.engine.model.state_dict()  # full weights, the same on every rank
+
+    def on_train_start(self) -> None:
+        if self._resync_engine:
+            self.sync_rollout_engine()  # at the restored step: the checkpoint's engine_version
+            self._resync_engine = False
 
     def _restore_rank_state(self, ranks: list[dict[str, Any]]) -> None:
         """This rank's sampling RNG and sample count, so that a resumed run draws what an uninterrupted one would.

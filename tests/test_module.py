@@ -175,7 +175,8 @@ def test_offline_from_a_buffer_file_never_generates(tiny_model_dir, data_dir, tm
     assert [g.to_dict() for g in dm2.buffer.groups()] == [g.to_dict() for g in dm.buffer.groups()]
 
 
-def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("save_at", [4, 3], ids=["engine-synced-at-the-save", "stale-engine"])
+def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_path, save_at):
     def run(steps, ckpt_path=None, save_at=None):
         torch.manual_seed(0)
         module = make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
@@ -183,8 +184,11 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
                              ref_refresh_every=3)
         return fit_resumable(module, data_dir, tmp_path, steps, ckpt_path, save_at)
 
-    full, full_dm, full_trainer = run(6, save_at=4)
-    resumed, resumed_dm, resumed_trainer = run(6, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt"))
+    full, full_dm, full_trainer = run(6, save_at=save_at)
+    checkpoint = tmp_path / "ckpt" / f"epoch=0-step={save_at}.ckpt"
+    # sync every 2: at step 4 the engine is the learner (not saved again), at step 3 it is a step behind
+    assert (torch.load(checkpoint, weights_only=True)["ggpo"]["engine_state"] is None) == (save_at == 4)
+    resumed, resumed_dm, resumed_trainer = run(6, ckpt_path=str(checkpoint))
     assert resumed_trainer.global_step == full_trainer.global_step == 6
     assert same_weights(resumed.reference, full.reference)
     assert same_weights(resumed.engine.model, full.engine.model)

@@ -84,7 +84,7 @@ def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -
         "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.logger.init_args.save_dir", str(w.root / name), "--trainer.logger.init_args.name", "run",
-        "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k", "-1", *overrides,
+        "--checkpoint.every_n_train_steps", "1", "--checkpoint.save_top_k", "-1", *overrides,
     ]
     result = subprocess.run(command, env=env, cwd=w.root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -178,22 +178,30 @@ def test_lora_with_ddp_keeps_replicas_identical_through_refreshes(workload):
     assert json.loads((two / "summary.json").read_text())["final_adapter"]
 
 
-@pytest.mark.parametrize("strategy,resume_on", [("fsdp", 2), ("fsdp", 1), ("ddp", 2)])
-def test_a_checkpoint_from_two_processes_resumes(workload, strategy, resume_on):
-    """Resumed at step 2, the run ends where the uninterrupted one did (FSDP: also on 1 process)."""
+@pytest.mark.parametrize("strategy,resume_on,step", [("fsdp", 2, 3), ("fsdp", 1, 2), ("ddp", 2, 3)])
+def test_a_checkpoint_from_two_processes_resumes(workload, strategy, resume_on, step):
+    """Resumed at ``step``, the run ends where the uninterrupted one did (FSDP: also on 1 process).
+
+    At step 3 the engine was synced at that step (sync every 3): the checkpoint leaves its
+    weights out and the resumed ranks rebuild them from the learner; at step 2 it holds them.
+    """
     uninterrupted = workload.root / strategy / "run" / "version_0"
     if not uninterrupted.exists():
         pytest.skip("runs after test_two_processes_train_as_one_on_the_same_groups")
     args = FSDP if strategy == "fsdp" else DDP
     if resume_on == 1:
         args = [*args, "--trainer.devices", "1", "--trainer.strategy.data_parallel_size", "1"]
-    checkpoint = uninterrupted / "checkpoints" / "epoch=0-step=2.ckpt"
+    checkpoint = uninterrupted / "checkpoints" / f"epoch=0-step={step}.ckpt"
     run = train(workload, f"{strategy}-resumed-on-{resume_on}", *args, "--ckpt_path", str(checkpoint))
     assert_same_weights(weights(run), weights(uninterrupted))
-    assert losses(run) == pytest.approx(losses(uninterrupted)[2:], rel=1e-5, abs=1e-6)
+    assert losses(run) == pytest.approx(losses(uninterrupted)[step:], rel=1e-5, abs=1e-6)
     resumed = trace(run)
     assert sorted(resumed) == list(range(resume_on))
-    assert resumed[0][0]["step"] == 2 and resumed[0][-1]["step"] == STEPS
+    assert resumed[0][0]["step"] == step and resumed[0][-1]["step"] == STEPS
+    before = trace(uninterrupted)[0][step]
+    for rank in resumed:  # the rollout engine as it was, saved or rebuilt from the learner
+        assert resumed[rank][0]["engine_version"] == before["engine_version"] == step - step % SYNC_EVERY
+        assert resumed[rank][0]["engine_checksum"] == pytest.approx(before["engine_checksum"], rel=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
