@@ -376,12 +376,12 @@ class PromptGroupDataModule(L.LightningDataModule):
     def _save_offline_data(self) -> None:
         """The generated data set, reusable as data.buffer_path (same data, no generation): every rank's
         groups, interleaved back into the prompt order, in one file written by rank 0."""
-        groups = [RolloutGroup.from_dict(g) for g in interleave(all_gather_objects(
-            [g.to_dict() for g in self.buffer.groups()]))]
+        groups = interleave(all_gather_objects(self.buffer.groups()))  # the objects themselves on one process
+        # on every rank: trainer.log_dir is itself a collective (a broadcast from rank 0)
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "behavior_buffer.jsonl"
         if not self.trainer.is_global_zero:
             return
         merged = BehaviorBuffer()
         merged.add(groups)
-        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "behavior_buffer.jsonl"
         merged.save_jsonl(path)
         print(f"offline behavior data ({len(merged)} groups) saved to {path}", flush=True)

@@ -62,7 +62,7 @@ def all_gather_objects(obj: Any) -> list[Any]:
 def sum_across_ranks(values: Tensor) -> Tensor:
     """Element-wise sum of ``values`` over all ranks (one all-reduce); ``values`` itself on one process.
 
-    Gloo has no CUDA-less bfloat16 reduction: sums run in float64 on the tensor's device.
+    The sum runs in float64 on the tensor's device (exact counts; gloo cannot reduce bfloat16), cast back after.
     """
     _, world_size = world()
     if world_size == 1:

@@ -218,3 +218,14 @@ def test_online_ranks_roll_out_disjoint_prompts_with_the_engine_synced_every_upd
         assert ranks[0][step]["engine_version"] == ranks[1][step]["engine_version"] == step
     summary = json.loads((run / "summary.json").read_text())
     assert summary["generated_samples"] == 2 * PROMPTS * 8  # both ranks' samples, counted once each
+
+
+def test_an_offline_fill_on_two_processes_saves_one_file_in_prompt_order(workload):
+    """Each rank rolls out its share of the prompts; rank 0 writes them all, in one process's order."""
+    fill = ("--data.mode", "offline", "--data.buffer_path", "null", "--data.offline_prompts", "8",
+            "--trainer.max_steps", "1")
+    runs = [train(workload, "fill-single", *SINGLE, overrides=fill),
+            train(workload, "fill-fsdp", *FSDP, overrides=fill)]
+    saved = [BehaviorBuffer.load_jsonl(run / "behavior_buffer.jsonl").groups() for run in runs]
+    assert [g.prompt_id for g in saved[1]] == [g.prompt_id for g in saved[0]]
+    assert len({g.prompt_id for g in saved[1]}) == 8
