@@ -8,7 +8,7 @@ responses per optimizer step, temperature 1, top-p 1, at most 16 new tokens, the
 weight decay (fused, as TRL's default ``adamw_torch_fused``), gradient-norm clip 1.0, one torch
 thread, and TRL's default learning-rate schedule: linear decay to 0 over the run (added here,
 benchmark-side; ``ggpo-train`` itself keeps the rate constant). Differences that remain: TRL's
-loss is GRPO (``dapo`` token averaging), ours GGPO (``-- --model.objective=grpo`` for ours);
+loss is GRPO (``dapo`` token averaging), ours GGPO (``-- --model.objective.name=grpo`` for ours);
 the reference is never refreshed in either. ``benchmarks/vs_trl.py`` runs this script
 alternately with TRL's harness; extra ``ggpo-train`` flags go after ``--``.
 
@@ -168,7 +168,7 @@ def main() -> None:
         "--checkpoint.save_last=false", f"--checkpoint.every_n_train_steps={10 * args.steps}",
         "--summary.export=false",
         f"--model.model_name_or_path={art / 'model'}",
-        "--model.objective=ggpo", "--model.beta=0.04", "--model.ref_refresh_every=0",
+        "--model.objective.name=ggpo", "--model.objective.beta=0.04", "--model.ref_refresh_every=0",
         "--model.rollout.k=8", "--model.rollout.sync_every=1",
         "--model.rollout.sampling.temperature=1.0", "--model.rollout.sampling.top_p=1.0",
         "--model.rollout.sampling.max_new_tokens=16", "--model.rollout.sampling.generation_batch_size=64",

@@ -32,9 +32,9 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.y
     --trainer.max_steps "$STEPS" --trainer.val_check_interval "$STEPS" --trainer.enable_progress_bar false \
     --trainer.logger.init_args.save_dir "$WORK/runs" --trainer.logger.init_args.name smoke \
     --checkpoint.every_n_train_steps "$STEPS" \
-    --model.model_name_or_path "$WORK/model" --model.tiny_model.hidden_size "$HIDDEN" \
-    --model.tiny_model.num_layers "$LAYERS" --model.tiny_model.num_heads "$HEADS" \
-    --model.tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens 32 --model.eval_max_new_tokens 8 \
+    --model.model_name_or_path "$WORK/model" --tiny_model.hidden_size "$HIDDEN" \
+    --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" \
+    --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens 32 --model.eval.max_new_tokens 8 \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
     --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES))
 

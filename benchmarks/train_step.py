@@ -42,9 +42,9 @@ def _peak_rss_bytes() -> int:
 def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue) -> None:
     import torch
 
-    from ggpo_lightning.data import PromptRow
-    from ggpo_lightning.module import GGPOModule, RolloutConfig
-    from ggpo_lightning.rollout import SamplingConfig
+    from ggpo_lightning.records import PromptRow
+    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
     from ggpo_verifiers import get_verifier
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            from ggpo_lightning.models import TinyModelConfig, build_tiny_model
+            from ggpo_lightning.tasks.tiny_model import TinyModelConfig, build_tiny_model
 
             config = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.num_layers,
                                      num_heads=args.num_heads, sft_steps=0,

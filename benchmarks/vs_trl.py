@@ -61,7 +61,7 @@ def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16:
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
            "--lr", str(lr), "--seed", str(seed), "--out", str(out)] + (["--bf16"] if bf16 else [])
     if system == "ggpo-grpo":
-        cmd += ["--", "--model.objective=grpo"]
+        cmd += ["--", "--model.objective.name=grpo"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = out.with_suffix(".log")
     with open(log, "w") as f:

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
+import abc
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
 from ggpo_lightning.atomic import atomic_write_text
 from ggpo_lightning.distributed import sum_across_ranks
+from ggpo_lightning.export import write_folder
 
-__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary"]
+__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary", "StepProgressBar"]
 
 
-class _EveryNUpdates(L.Callback):
-    """Calls the module's method ``action`` after every ``every``-th optimizer update (once per update)."""
-
-    action: str
+class _EveryNUpdates(L.Callback, abc.ABC):
+    """Runs :meth:`act` after every ``every``-th optimizer update (once per update)."""
 
     def __init__(self, every: int) -> None:
         if every < 1:
@@ -33,8 +31,12 @@ class _EveryNUpdates(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         step = trainer.global_step  # with gradient accumulation several batches end at one step: act once
         if step > self.last_step and step % self.every == 0:
-            getattr(pl_module, self.action)()
+            self.act(pl_module)
             self.last_step = step
+
+    @abc.abstractmethod
+    def act(self, pl_module: L.LightningModule) -> None:
+        """What the schedule does to the module."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_step": self.last_step}
@@ -46,13 +48,40 @@ class _EveryNUpdates(L.Callback):
 class RolloutSync(_EveryNUpdates):
     """Copies the learner into the rollout engine every N optimizer updates (N = 1: near on-policy)."""
 
-    action = "sync_rollout_engine"
+    def act(self, pl_module: L.LightningModule) -> None:
+        pl_module.sync_rollout_engine()
 
 
 class ReferenceRefresh(_EveryNUpdates):
     """Copies the learner into the frozen reference every M optimizer updates (the paper: 160)."""
 
-    action = "refresh_reference"
+    def act(self, pl_module: L.LightningModule) -> None:
+        pl_module.refresh_reference()
+
+
+class StepProgressBar(RichProgressBar):
+    """Rich progress bar of a step-based run: ``step`` with optimizer steps of ``max_steps`` (``ggpo-train`` runs
+    one endless epoch, where Lightning's bar would read "Epoch 0/-2"), and the few metrics a user watches:
+    ``reward``, ``staleness``, ``loss`` and the latest held-out ``val_acc``."""
+
+    SHOWN = {"train/reward": "reward", "train/staleness": "staleness", "train/loss": "loss", "val/accuracy": "val_acc"}
+
+    @property
+    def total_train_batches(self) -> int | float:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps and max_steps > 0 else super().total_train_batches
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return f"{'step':{len(self.validation_description)}}"
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._update(self.train_progress_bar_id, trainer.global_step)  # resumed runs start mid-way
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = trainer.progress_bar_metrics
+        return {short: metrics[name] for name, short in self.SHOWN.items() if name in metrics}
 
 
 class RunSummary(L.Callback):
@@ -62,7 +91,7 @@ class RunSummary(L.Callback):
     datamodule's validation prompts. The final learner is saved with ``save_pretrained``
     (plus its tokenizer) in ``<run dir>/final_model``, loadable by transformers and
     inference engines; a LoRA run saves its adapter in ``final_adapter/`` and the merged
-    model in ``final_model/`` on request (``GGPOModule.exports``). ``summary.json`` in the
+    model in ``final_model/`` on request (:func:`~ggpo_lightning.export.export_targets`). ``summary.json`` in the
     run directory holds ``accuracy_before``, ``accuracy_after`` (fractions),
     ``optimizer_steps``, ``generated_samples``, ``wall_seconds``, ``recipe`` and the export
     folders (``final_model``, with LoRA ``final_adapter``; null when not written).
@@ -104,7 +133,7 @@ class RunSummary(L.Callback):
         if not trainer.is_global_zero:
             return
         for target, write in exported.items():
-            self._write_folder(target, write)
+            write_folder(target, write)
         exported_names = {target.name: str(target) for target in exported}
         summary = {
             "recipe": self.recipe,
@@ -118,22 +147,12 @@ class RunSummary(L.Callback):
             "val_prompts": len(rows),
             "final_model": exported_names.get("final_model"),
         }
-        if pl_module.lora is not None:
+        if pl_module.policy.lora is not None:
             summary["final_adapter"] = exported_names.get("final_adapter")
         path = run_dir / "summary.json"
         atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
         self._print_table(summary)
         print(f"summary written to {path}", flush=True)
-
-    @staticmethod
-    def _write_folder(target: Path, write: Callable[[Path], None]) -> None:
-        """``write`` into a temporary folder next to ``target``, then put it in place: no half-written exports."""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-        write(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
 
     @staticmethod
     def _print_table(s: dict[str, Any]) -> None:

@@ -88,7 +88,7 @@ def tabular(objectives: list[str], mode: str, actions: int, groups: int, k: int,
 
 
 def train_main(args: list[str] | None = None) -> None:
-    """``ggpo-train --config recipes/NAME.yaml [--model.beta 0.05 ...]``: one training run.
+    """``ggpo-train --config recipes/NAME.yaml [--model.objective.beta 0.05 ...]``: one training run.
 
     A LightningCLI over :class:`~ggpo_lightning.module.GGPOModule` and
     :class:`~ggpo_lightning.data.PromptGroupDataModule`; ``--print_config`` prints the

@@ -8,9 +8,11 @@ The training dataloader is an endless stream; each item is one optimizer step's
 - ``offline``: the buffer is filled once, from a buffer file (``buffer_path``) or by
   rolling out the training prompts with the initial model, and never refreshed.
 
-Rolling out needs the models, which live in the LightningModule: the stream calls
-``trainer.lightning_module.rollout(rows)``. Everything runs in the main process
-(``num_workers=0``): the engine's model must not be copied into worker processes.
+Rolling out needs the models, which the DataModule does not know: the module hands it a
+rollout function (prompts in, scored groups out; :class:`~ggpo_lightning.rollout.GroupRollout`)
+with :meth:`PromptGroupDataModule.connect_rollout` in its ``setup``. Everything runs in
+the main process (``num_workers=0``): the engine's model must not be copied into worker
+processes.
 
 On several processes (DDP, FSDP) ``prompts_per_step`` counts the whole step: every rank
 walks the same prompt order and takes every ``world``-th prompt of each step from its
@@ -22,11 +24,9 @@ process would have written it, into one ``behavior_buffer.jsonl``.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,22 +37,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.distributed import all_gather_objects, interleave, rank_share, world
+from ggpo_lightning.records import PromptRow, load_dataset_rows, load_prompt_rows
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 
-__all__ = ["PromptGroupDataModule", "PromptRow", "SyntheticTaskConfig", "load_dataset_rows", "load_prompt_rows",
-           "read_records"]
+__all__ = ["PromptGroupDataModule", "SyntheticTaskConfig"]
 
 MODES = ("online", "offline")
 
-
-@dataclass(frozen=True)
-class PromptRow:
-    """One prompt with its gold answer; ``source`` is ``file:line`` for error messages."""
-
-    id: str
-    prompt: str
-    gold: str
-    source: str = ""
+Rollout = Callable[[Sequence[PromptRow]], list[RolloutGroup]]
+"""Prompts in, one scored group of K responses per prompt out."""
 
 
 @dataclass
@@ -67,85 +60,6 @@ class SyntheticTaskConfig:
     """Held-out prompts (the validation set)."""
     seed: int = 0
     """Seed of the problem generator."""
-
-
-def read_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line or row number, record)`` pairs of a JSONL or Parquet file."""
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
-        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
-        return
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            yield number, record
-
-
-def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answer_field: str = "answer",
-                     id_field: str | None = "id", template: str = "{prompt}") -> list[PromptRow]:
-    """Read prompts and gold answers from a JSONL or Parquet file.
-
-    ``template`` is formatted with the record's fields (``{prompt}`` is the prompt
-    field). A record without ``prompt_field`` or ``answer_field`` is an error naming the
-    file, the line and the fields it does have.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
-    return _rows(records, str(path), prompt_field, answer_field, id_field, template)
-
-
-def load_dataset_rows(name: str, split: str, config_name: str | None = None, prompt_field: str = "problem",
-                      answer_field: str = "answer", id_field: str | None = "id",
-                      template: str = "{prompt}") -> list[PromptRow]:
-    """Prompts and gold answers from a Hugging Face ``datasets`` dataset (a hub name or a local path).
-
-    Uses ``datasets.load_dataset(name, config_name, split=split)``, so with
-    ``HF_HUB_OFFLINE=1`` only cached or local datasets load. Errors name the row as
-    ``name[split]:index``.
-    """
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(f"data.dataset {name!r} needs the datasets package (pip install datasets), "
-                          "or give data.train_path as a JSONL/Parquet file") from exc
-    table = datasets.load_dataset(name, config_name, split=split)
-    label = f"{name}[{split}]"
-    records = ((f"{label}:{i}", f"{label}:{i}", record) for i, record in enumerate(table))
-    return _rows(records, label, prompt_field, answer_field, id_field, template)
-
-
-def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: str, answer_field: str,
-          id_field: str | None, template: str) -> list[PromptRow]:
-    """PromptRows of ``(where, default id, record)`` triples; errors name ``where``."""
-    rows = []
-    for where, default_id, record in records:
-        for field in (prompt_field, answer_field):
-            if record.get(field) is None:
-                raise ValueError(
-                    f"{where}: missing field {field!r} (fields: {', '.join(sorted(record))}); "
-                    f"map yours with data.prompt_field / data.answer_field"
-                )
-        try:
-            prompt = template.format(**{**record, "prompt": record[prompt_field]})
-        except KeyError as exc:
-            raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
-        row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else default_id
-        rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
-    if not rows:
-        raise ValueError(f"{label}: no prompts found")
-    return rows
 
 
 class _Once(IterableDataset):
@@ -265,6 +179,11 @@ class PromptGroupDataModule(L.LightningDataModule):
         self._cursor = 0
         self._epoch = 0
         self._filled = False
+        self._rollout: Rollout | None = None
+
+    def connect_rollout(self, rollout: Rollout) -> None:
+        """The function that turns prompts into scored groups (the module's rollout engine and verifier)."""
+        self._rollout = rollout
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -344,14 +263,20 @@ class PromptGroupDataModule(L.LightningDataModule):
             self._cursor += 1
         return rows
 
+    def _rollout_groups(self, rows: list[PromptRow]) -> list[RolloutGroup]:
+        if self._rollout is None:
+            raise RuntimeError("PromptGroupDataModule has no rollout function: the LightningModule connects one "
+                               "in its setup (connect_rollout)")
+        return self._rollout(rows)
+
     def next_batch(self) -> list[RolloutGroup]:
         """This rank's share of one optimizer step's prompt groups (rolling out first, as the mode says)."""
-        module = self.trainer.lightning_module
         rank, world_size = world()
         if self.mode == "online":
-            self.buffer.add(module.rollout(rank_share(self.next_prompts(self.prompts_per_step), rank, world_size)))
+            self.buffer.add(self._rollout_groups(rank_share(self.next_prompts(self.prompts_per_step), rank,
+                                                            world_size)))
         elif not self._filled:
-            self._fill_offline(module)
+            self._fill_offline()
         groups = self.buffer.draw(self.prompts_per_step // world_size, current_version=self.trainer.global_step)
         if not groups:
             raise RuntimeError(
@@ -360,7 +285,7 @@ class PromptGroupDataModule(L.LightningDataModule):
             )
         return groups
 
-    def _fill_offline(self, module: L.LightningModule) -> None:
+    def _fill_offline(self) -> None:
         rank, world_size = world()
         if self.buffer_path is not None:
             self.buffer.add(rank_share(BehaviorBuffer.load_jsonl(self.buffer_path).groups(), rank, world_size))
@@ -369,7 +294,7 @@ class PromptGroupDataModule(L.LightningDataModule):
             rows = rank_share(self.next_prompts(count), rank, world_size)
             per_call = self.prompts_per_step // world_size
             for start in range(0, len(rows), per_call):
-                self.buffer.add(module.rollout(rows[start:start + per_call]))
+                self.buffer.add(self._rollout_groups(rows[start:start + per_call]))
             self._save_offline_data()
         self._filled = True
 

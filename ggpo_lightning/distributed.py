@@ -157,3 +157,23 @@ def full_state_items(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
     for name, value in module.state_dict().items():
         yield name, value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _summed_metric(name: str) -> bool:
+    """Metrics that add up over ranks (sample counts, verifier outcome counts, throughput); the rest are means."""
+    return name in ("generated_samples", "rollout_tokens_per_s") or (
+        name.startswith("verifier/") and name != "verifier/accuracy")
+
+
+def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """Each step metric over all ranks, in one all-reduce: counters and throughputs summed, the rest averaged.
+
+    Every rank holds the same number of groups, so the mean of the ranks' losses is the
+    loss of the whole step's groups, as on one process.
+    """
+    _, world_size = world()
+    if world_size == 1:
+        return metrics
+    names = list(metrics)
+    totals = sum_across_ranks(torch.stack([metrics[n].detach().float().to(device) for n in names]))
+    return {n: total if _summed_metric(n) else total / world_size for n, total in zip(names, totals)}

@@ -70,6 +70,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     import torch
 
     from ggpo_lightning import evaluation
+    from ggpo_lightning.records import validate_golds
 
     try:
         evaluation.check_settings(k, temperature, top_p, template)
@@ -82,7 +83,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     with _build(verifier, timeout=5.0, workers=None) as checker:
         try:
             for _, rows in problems:
-                evaluation.validate_golds(rows, checker)
+                validate_golds(rows, checker)
             model, tokenizer = evaluation.load_model(model_source, base_model)
         except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
             raise click.ClickException(str(exc)) from None

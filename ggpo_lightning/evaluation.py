@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +32,16 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ggpo_lightning.data import PromptRow, read_records
+from ggpo_lightning.checkpoint import CHECKPOINT_KEY, learner_weights, read_checkpoint
+from ggpo_lightning.distributed import is_sharded, rank_share, sum_across_ranks, world
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
+from ggpo_lightning.records import PromptRow, read_records
 from ggpo_lightning.rollout import encode_prompt, generate_responses
-from ggpo_verifiers import GoldAnswerError, Verifier
+from ggpo_verifiers import Verifier
 from ggpo_verifiers.extract import last_boxed
 
-__all__ = ["EvalResult", "avg_at_k", "check_settings", "evaluate_model", "load_benchmark", "load_model",
-           "pass_at_k", "validate_golds"]
+__all__ = ["EvalConfig", "EvalResult", "accuracy_across_ranks", "avg_at_k", "check_settings", "count_correct", "decoding_settings",
+           "evaluate_model", "load_benchmark", "load_model", "pass_at_k"]
 
 PROMPT_FIELDS = ("problem", "question", "prompt")
 """Prompt fields tried in this order when ``prompt_field`` is not given."""
@@ -136,15 +137,6 @@ def load_benchmark(path: str | Path, prompt_field: str | None = None, answer_fie
     return rows
 
 
-def validate_golds(rows: Sequence[PromptRow], verifier: Verifier) -> None:
-    """Raise ValueError naming ``file:line`` of the first gold answer ``verifier`` cannot use."""
-    try:
-        verifier.validate_golds([r.gold for r in rows])
-    except GoldAnswerError as exc:
-        row = rows[exc.index]
-        raise ValueError(f"{row.source}: {exc} (problem id {row.id!r}); fix or drop the row") from exc
-
-
 # ----------------------------------------------------------------------------- models
 
 
@@ -206,33 +198,18 @@ def _load_adapter(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
     return model.eval(), load_tokenizer(path)
 
 
-def _read_checkpoint(path: Path) -> dict:
-    """A Lightning checkpoint file, or a sharded one (a folder of ``torch.distributed.checkpoint`` shards and
-    Lightning's ``meta.pt``) consolidated into one dict in memory."""
-    if path.is_file():
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
-        raise ValueError(f"{path} is a folder but not a sharded checkpoint (no .metadata and meta.pt)")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(path, Path(tmp) / "full.pt")
-        checkpoint = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
-    return {**checkpoint, **torch.load(path / "meta.pt", map_location="cpu", weights_only=True)}
-
-
 def _load_checkpoint(path: Path, base_model: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    checkpoint = _read_checkpoint(path)
-    base_model = base_model or checkpoint.get("ggpo", {}).get("model_name_or_path")
+    checkpoint = read_checkpoint(path)
+    state = checkpoint.get(CHECKPOINT_KEY, {})
+    base_model = base_model or state.get("model_name_or_path")
     if base_model is None:
         raise ValueError(f"{path}: the checkpoint does not record its base model; pass --base-model with the "
                          f"run's model.model_name_or_path (in config.yaml of the run directory)")
-    weights = {key.removeprefix("learner."): value for key, value in checkpoint.get("state_dict", {}).items()
-               if key.startswith("learner.")}
+    weights = learner_weights(checkpoint)
     if not weights:
         raise ValueError(f"{path}: its state_dict has no learner.* weights; is it a ggpo-train checkpoint?")
     model = load_causal_lm(base_model, dtype=next(iter(weights.values())).dtype)
-    lora = checkpoint.get("ggpo", {}).get("lora")
+    lora = state.get("lora")
     if lora is not None:  # base (refreshes merged in) + adapter: wrap as in training, load, merge
         from ggpo_lightning.lora import LoraSettings, wrap
 
@@ -295,32 +272,60 @@ def _apply_template(template: str, prompt: str) -> str:
                          f"only {{prompt}}, and literal braces are written {{{{ and }}}}") from None
 
 
-@torch.no_grad()
-def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[PromptRow],
-                   verifier: Verifier, k: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                   max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0, template: str = "{prompt}",
-                   chat_template: bool = False) -> EvalResult:
-    """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones.
+@dataclass
+class EvalConfig:
+    """Held-out accuracy during training (recipe group ``model.eval``)."""
 
-    Prompts are ``template.format(prompt=row.prompt)``, wrapped as a user turn of the
-    tokenizer's chat template when ``chat_template``. ``k == 1`` with ``temperature == 0``
-    decodes greedily; otherwise samples at ``temperature`` with nucleus ``top_p`` (no
-    top-k cut). ``batch_size`` is sequences per ``generate`` call. Sampling uses a
-    forked RNG seeded with ``seed``: the result is a function of the seed (on one
-    device and batch size), and torch's global RNG state is left as it was. The gold
-    answers should pass :func:`validate_golds` first (the verifier scores a bad gold 0).
+    max_new_tokens: int | None = None
+    """Response length; None = the rollout's ``sampling.max_new_tokens``."""
+    temperature: float = 0.0
+    """0 = greedy pass@1; > 0 = one sample per prompt at this temperature (top-p from ``rollout.sampling``)."""
+    batch_size: int = 256
+    """Prompts per ``generate`` call."""
+
+    def errors(self) -> list[str]:
+        """Every invalid setting, each naming its recipe key (empty when valid)."""
+        errors = []
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            errors.append(f"model.eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            errors.append(f"model.eval.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            errors.append(f"model.eval.batch_size must be >= 1, got {self.batch_size}")
+        return errors
+
+
+def decoding_settings(temperature: float, top_p: float) -> dict[str, Any]:
+    """``generate`` arguments: greedy at temperature 0, else sampling at ``temperature`` with nucleus ``top_p``
+    (no top-k cut)."""
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+
+
+@torch.no_grad()
+def count_correct(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[list[int]],
+                  golds: Sequence[str], verifier: Verifier, k: int, decoding: dict[str, Any], max_new_tokens: int,
+                  batch_size: int, seed: int) -> list[int]:
+    """Correct responses of ``k`` drawn per prompt, for this process's share of the prompts (all on one process).
+
+    The one generate-and-score core of held-out accuracy in training and of ``ggpo eval``.
+    ``batch_size`` is sequences per ``generate`` call. Sampling uses a forked RNG seeded
+    with ``seed``: the result is a function of the seed (on one device and batch size),
+    and torch's global RNG state is left as it was. The model is put in eval mode and
+    back in its previous mode after, also on errors.
+
+    On several processes every rank must call it: each scores its share
+    (:func:`~ggpo_lightning.distributed.rank_share`). A sharded model's forward is a
+    collective, so all ranks make the same number of ``generate`` calls (a rank out of
+    prompts repeats one and discards the result) and generate with ``synced_gpus``.
     """
-    check_settings(k, temperature, top_p, template)
-    if not rows:
-        raise ValueError("evaluate_model needs at least one problem")
-    if chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat-template is set but the tokenizer has no chat template; use --no-chat-template "
-                         "or an instruction-tuned model")
-    decoding: dict[str, Any] = {"do_sample": False}
-    if temperature > 0:
-        decoding = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
-    flat = [p for p in prompts for _ in range(k)]  # problem i's samples at rows i*k .. i*k+k-1
+    rank, world_size = world()
+    share = rank_share(list(zip(prompts, golds)), rank, world_size)
+    flat = [p for p, _ in share for _ in range(k)]  # prompt i's samples at rows i*k .. i*k+k-1
+    calls = math.ceil(math.ceil(len(prompts) / world_size) * k / batch_size)
+    if is_sharded(model):
+        decoding = {**decoding, "synced_gpus": True}
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -328,12 +333,43 @@ def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, r
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            for start in range(0, len(flat), batch_size):
-                responses.extend(generate_responses(model, tokenizer, flat[start:start + batch_size], max_new_tokens,
-                                                    **decoding))
+            for start in range(0, calls * batch_size, batch_size):
+                batch = flat[start:start + batch_size]
+                generated = generate_responses(model, tokenizer, batch or [prompts[0]], max_new_tokens, **decoding)
+                responses.extend(generated[:len(batch)])
     finally:
         model.train(was_training)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    scores = verifier.score_batch(texts, [r.gold for r in rows for _ in range(k)])
-    correct = [sum(s == 1.0 for s in scores[i * k:(i + 1) * k]) for i in range(len(rows))]
+    scores = verifier.score_batch(texts, [g for _, g in share for _ in range(k)]) if share else []
+    return [sum(s == 1.0 for s in scores[i * k:(i + 1) * k]) for i in range(len(share))]
+
+
+def accuracy_across_ranks(correct: list[int], k: int, total_prompts: int, device: torch.device) -> float:
+    """Mean correctness over all ranks' prompts from each rank's :func:`count_correct` (a collective)."""
+    summed = sum_across_ranks(torch.tensor([float(sum(correct))], dtype=torch.float64, device=device))
+    return float(summed[0] / (total_prompts * k))
+
+
+def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[PromptRow],
+                   verifier: Verifier, k: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                   max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0, template: str = "{prompt}",
+                   chat_template: bool = False) -> EvalResult:
+    """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones (one process).
+
+    Prompts are ``template.format(prompt=row.prompt)``, wrapped as a user turn of the
+    tokenizer's chat template when ``chat_template``. ``k == 1`` with ``temperature == 0``
+    decodes greedily; otherwise samples at ``temperature`` with nucleus ``top_p`` (no
+    top-k cut). ``batch_size`` is sequences per ``generate`` call; sampling is a function
+    of ``seed`` (:func:`count_correct`). The gold answers should pass
+    :func:`~ggpo_lightning.records.validate_golds` first (the verifier scores a bad gold 0).
+    """
+    check_settings(k, temperature, top_p, template)
+    if not rows:
+        raise ValueError("evaluate_model needs at least one problem")
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat-template is set but the tokenizer has no chat template; use --no-chat-template "
+                         "or an instruction-tuned model")
+    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
+    correct = count_correct(model, tokenizer, prompts, [r.gold for r in rows], verifier, k,
+                            decoding_settings(temperature, top_p), max_new_tokens, batch_size, seed)
     return EvalResult(k, [r.id for r in rows], correct)

@@ -27,6 +27,8 @@ from torch import Tensor
 
 __all__ = [
     "Objective",
+    "ObjectiveConfig",
+    "ObjectiveInputs",
     "agro_loss",
     "available_objectives",
     "get_objective",
@@ -394,21 +396,79 @@ def grpo_loss(
     return per_token.sum() / valid.sum().clamp(min=1).to(dtype)
 
 
-# ----------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------- the objective interface
+
+
+@dataclass
+class ObjectiveConfig:
+    """The objective and its settings: the recipe group ``model.objective``."""
+
+    name: str = "ggpo"
+    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl`` or a plugin's (see ``available_objectives``)."""
+    beta: float = 0.04
+    """KL strength (> 0): GGPO's and AGRO's temperature, GRPO's KL-penalty coefficient."""
+    clip_eps: float = 0.2
+    """GRPO's ratio clip, in (0, 1)."""
+    kl_estimator: str = "k3"
+    """GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``."""
+
+    def errors(self) -> list[str]:
+        """Every invalid setting, each naming its recipe key (empty when valid)."""
+        errors = []
+        if self.name not in _OBJECTIVES:
+            errors.append(f"model.objective.name: unknown objective {self.name!r}; available: "
+                          f"{', '.join(available_objectives())}")
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
+            errors.append(f"model.objective.beta must be a finite number > 0, got {self.beta!r}")
+        if not 0 < self.clip_eps < 1:
+            errors.append(f"model.objective.clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            errors.append(f"model.objective.kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, "
+                          f"got {self.kl_estimator!r}")
+        return errors
+
+
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """One step's prompt groups as every objective sees them (``G`` groups of up to ``K`` responses).
+
+    Sequence-level fields are always set; ``ref_logp`` when the objective ``uses_reference``;
+    the token-level fields (``T`` = longest response) only for ``level == "token"``
+    objectives, ``behavior_token_logp`` only when it ``uses_behavior_logp``.
+    """
+
+    logp: Tensor
+    """``[G, K]`` learner sequence log-probs (carry the gradient)."""
+    rewards: Tensor
+    """``[G, K]`` rewards."""
+    mask: Tensor
+    """``[G, K]`` bool, True where a response is present."""
+    ref_logp: Tensor | None = None
+    """``[G, K]`` reference sequence log-probs (no gradient)."""
+    token_logp: Tensor | None = None
+    """``[G, K, T]`` learner token log-probs (carry the gradient)."""
+    token_mask: Tensor | None = None
+    """``[G, K, T]`` bool, True on response tokens."""
+    ref_token_logp: Tensor | None = None
+    """``[G, K, T]`` reference token log-probs."""
+    behavior_token_logp: Tensor | None = None
+    """``[G, K, T]`` behavior token log-probs recorded at rollout time."""
 
 
 @dataclass(frozen=True)
 class Objective:
-    """A registered objective and what it needs from a batch.
+    """A registered objective: ``loss(inputs, config)`` and what it needs from a batch.
 
-    ``level`` is ``"sequence"`` (loss on ``[G, K]`` sequence log-probs) or ``"token"``
-    (loss on ``[G, K, T]`` token log-probs). ``uses_reference``: needs reference
-    log-probs; ``uses_behavior_logp``: needs the behavior policy's log-probs (recorded at
-    rollout time) for importance ratios.
+    ``level`` is ``"sequence"`` (needs only the ``[G, K]`` fields of
+    :class:`ObjectiveInputs`) or ``"token"`` (needs the ``[G, K, T]`` fields too).
+    ``uses_reference``: needs reference log-probs; ``uses_behavior_logp``: needs the
+    behavior policy's token log-probs (recorded at rollout time) for importance ratios.
+    Adding an objective is one :func:`register_objective` call: the trainer never names
+    objectives (see ``docs/ADDING_AN_OBJECTIVE.md``).
     """
 
     name: str
-    loss: Callable[..., Tensor]
+    loss: Callable[[ObjectiveInputs, ObjectiveConfig], Tensor]
     level: str
     uses_reference: bool
     uses_behavior_logp: bool
@@ -422,6 +482,8 @@ def register_objective(objective: Objective) -> Objective:
     """Add ``objective`` to the registry under ``objective.name`` (a name may be registered once)."""
     if objective.level not in ("sequence", "token"):
         raise ValueError(f"Objective.level must be 'sequence' or 'token', got {objective.level!r}")
+    if objective.uses_behavior_logp and objective.level != "token":
+        raise ValueError(f"objective {objective.name!r}: behavior log-probs are token-level; set level='token'")
     if objective.name in _OBJECTIVES:
         raise ValueError(f"an objective named {objective.name!r} is already registered")
     _OBJECTIVES[objective.name] = objective
@@ -443,11 +505,17 @@ def available_objectives() -> list[str]:
     return sorted(_OBJECTIVES)
 
 
-register_objective(Objective("ggpo", ggpo_loss, "sequence", True, False,
-                             "Gibbs-gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios"))
-register_objective(Objective("agro", agro_loss, "sequence", True, False,
-                             "variance of KL-adjusted rewards over 2*beta (GGPO's quadratic approximation)"))
-register_objective(Objective("maxrl", maxrl_loss, "sequence", False, False,
-                             "mean score of successes minus mean score of all (binary rewards)"))
-register_objective(Objective("grpo", grpo_loss, "token", True, True,
-                             "token-level clipped ratio surrogate, group-normalized advantages"))
+register_objective(Objective(
+    "ggpo", lambda x, c: ggpo_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence", True, False,
+    "Gibbs-gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios"))
+register_objective(Objective(
+    "agro", lambda x, c: agro_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence", True, False,
+    "variance of KL-adjusted rewards over 2*beta (GGPO's quadratic approximation)"))
+register_objective(Objective(
+    "maxrl", lambda x, c: maxrl_loss(x.logp, x.rewards, x.mask), "sequence", False, False,
+    "mean score of successes minus mean score of all (binary rewards)"))
+register_objective(Objective(
+    "grpo", lambda x, c: grpo_loss(x.token_logp, x.behavior_token_logp, x.token_mask, x.rewards, x.mask,
+                                   clip_eps=c.clip_eps, kl_coef=c.beta, ref_token_logp=x.ref_token_logp,
+                                   kl_estimator=c.kl_estimator),
+    "token", True, True, "token-level clipped ratio surrogate, group-normalized advantages"))

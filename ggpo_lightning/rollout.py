@@ -9,18 +9,22 @@ batched, left padding); any object with the same methods can replace it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
+from ggpo_lightning.records import PromptRow
 
-__all__ = ["Generation", "HFGenerateEngine", "RolloutEngine", "SamplingConfig", "encode_prompt",
-           "generate_responses"]
+__all__ = ["Generation", "GroupRollout", "HFGenerateEngine", "RolloutConfig", "RolloutEngine", "SamplingConfig",
+           "encode_prompt", "generate_responses"]
 
 
 @dataclass
@@ -119,6 +123,12 @@ class HFGenerateEngine:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
+    def unshare(self) -> None:
+        """Sample with a private copy of the model from now on (a no-op when already private)."""
+        if self.shared:
+            self.model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.shared = False
+
     def load_weights(self, learner: Weights, version: int) -> None:
         if self.shared:
             if learner is not self.model:
@@ -179,6 +189,105 @@ class HFGenerateEngine:
     def _sample(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[int]]:
         return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, n=n, do_sample=True,
                                   temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+
+
+@dataclass
+class RolloutConfig:
+    """The behavior policy: how many responses, how sampled, how stale (recipe group ``model.rollout``)."""
+
+    k: int = 8
+    """Responses per prompt (the group size K, >= 2)."""
+    sync_every: int = 1
+    """Copy the learner into the rollout engine every N optimizer updates (1 = near on-policy)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Temperature, top-p, response length, generation batch size."""
+    dtype: str | None = None
+    """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
+
+    def errors(self) -> list[str]:
+        """Every invalid setting, each naming its recipe key (empty when valid)."""
+        errors = []
+        if self.k < 2:
+            errors.append(f"model.rollout.k must be >= 2 (GGPO contrasts responses within a group), got {self.k}")
+        if self.sync_every < 1:
+            errors.append(f"model.rollout.sync_every must be >= 1, got {self.sync_every}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            errors.append(f"model.rollout.dtype must be one of {sorted(DTYPES)} or null, got {self.dtype!r}")
+        return errors
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return DTYPES[self.dtype] if self.dtype else None
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class GroupRollout:
+    """Prompts in, scored groups out: the engine's K responses per prompt and the verifier's rewards.
+
+    Counts what it did: ``seconds`` and ``tokens`` since the last :meth:`take_step_counts`
+    (one step's rollout time and response tokens) and ``generated_samples`` over the run.
+    ``verifier`` is set once its worker pool is started (the module's ``setup``).
+    """
+
+    def __init__(self, engine: RolloutEngine, tokenizer, config: RolloutConfig, chat_template: bool = False) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.chat_template = chat_template
+        self.verifier = None
+        self.seconds = 0.0
+        self.tokens = 0
+        self.generated_samples = 0
+
+    def encode(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer, text, self.chat_template)
+
+    @torch.no_grad()
+    def __call__(self, rows: Sequence[PromptRow]) -> list[RolloutGroup]:
+        start = time.perf_counter()
+        k = self.config.k
+        with _cached_weight_casts(self.engine):
+            generations = self.engine.generate([self.encode(r.prompt) for r in rows], k, self.config.sampling)
+        responses = [text for g in generations for text in g.responses]
+        rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
+        groups = [
+            RolloutGroup(
+                prompt_id=row.id, prompt=row.prompt, gold=row.gold, prompt_ids=g.prompt_ids,
+                response_ids=g.response_ids, responses=g.responses,
+                rewards=[float(x) for x in rewards[i * k:(i + 1) * k]],
+                behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs,
+            )
+            for i, (row, g) in enumerate(zip(rows, generations))
+        ]
+        self.seconds += time.perf_counter() - start
+        self.tokens += sum(len(ids) for g in generations for ids in g.response_ids)
+        self.generated_samples += len(responses)
+        return groups
+
+    def take_step_counts(self) -> tuple[float, int]:
+        """Rollout seconds and response tokens since the last call (then reset)."""
+        counts = (self.seconds, self.tokens)
+        self.seconds, self.tokens = 0.0, 0
+        return counts
+
+
+@contextlib.contextmanager
+def _cached_weight_casts(engine: RolloutEngine) -> Iterator[None]:
+    """Under autocast, each weight is cast to the low precision once for the whole rollout instead of at every
+    generated token: Lightning's autocast disables the weight-cast cache (right for one forward and backward,
+    costly for a token-by-token loop). The same casts, so the same numbers."""
+    model = getattr(engine, "model", None)  # an engine of another framework does its own casts
+    device = next(model.parameters()).device.type if model is not None else "cpu"
+    if model is None or not torch.is_autocast_enabled(device):
+        yield
+        return
+    try:
+        with torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=True):
+            yield
+    finally:
+        torch.clear_autocast_cache()  # the casts of this rollout's weights: the next update changes them
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int]:

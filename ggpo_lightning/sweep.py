@@ -8,8 +8,8 @@ A grid file (YAML) names a base recipe, the axes, the seeds and where runs go::
     overrides: {trainer.max_steps: 300}        # applied to every run
     axes:
       objective:
-        ggpo: {model.objective: ggpo}
-        grpo: {model.objective: grpo}
+        ggpo: {model.objective.name: ggpo}
+        grpo: {model.objective.name: grpo}
       setting:
         sync1: {model.rollout.sync_every: 1}
         offline: {data.mode: offline}

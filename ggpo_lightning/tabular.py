@@ -27,13 +27,13 @@ Run it as ``ggpo tabular`` (see ``ggpo tabular --help``).
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from ggpo_lightning.atomic import atomic_write_bytes
-from ggpo_lightning.objectives import available_objectives, get_objective
+from ggpo_lightning.objectives import ObjectiveConfig, ObjectiveInputs, available_objectives, get_objective
 
 MODES = ("offline", "online", "stale")
 LAB_ONLY_OBJECTIVES = ("naive_pg",)
@@ -139,12 +139,12 @@ def _tabular_loss(objective: str, logits: Tensor, actions: Tensor, behavior_logp
         advantage = r - r.mean(-1, keepdim=True)  # [G, K]
         return -(advantage * logp).mean() + beta * kl_divergence(logp_all, problem.ref_logp)
     spec = get_objective(objective)
-    if spec.name == "maxrl":
-        return spec.loss(logp, r)
+    mask = torch.ones_like(actions, dtype=torch.bool)  # [G, K]
+    inputs = ObjectiveInputs(logp=logp, rewards=r, mask=mask, ref_logp=ref)
     if spec.level == "token":  # one action = one token
-        return spec.loss(logp[..., None], behavior_logp[actions][..., None], torch.ones_like(logp[..., None],
-                         dtype=torch.bool), r, kl_coef=beta, ref_token_logp=ref[..., None])
-    return spec.loss(logp, ref, r, beta)
+        inputs = replace(inputs, token_logp=logp[..., None], token_mask=mask[..., None],  # [G, K, 1]
+                         ref_token_logp=ref[..., None], behavior_token_logp=behavior_logp[actions][..., None])
+    return spec.loss(inputs, ObjectiveConfig(objective, beta=beta))
 
 
 def train_tabular(

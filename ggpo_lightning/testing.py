@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ggpo_lightning.buffer import RolloutGroup
-from ggpo_lightning.models import TinyModelConfig
+from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 
 __all__ = ["TINY_TEST_MODEL", "make_group"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from ggpo_lightning.callbacks import RunSummary
 from ggpo_lightning.data import PromptGroupDataModule
 from ggpo_lightning.module import GGPOModule
+from ggpo_lightning.recipe_keys import check_renamed_keys
+from ggpo_lightning.tasks.arithmetic import ArithmeticTask
+from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
 
 __all__ = ["GGPOTrainCLI", "check_devices", "run_training"]
 
@@ -36,9 +41,15 @@ class GGPOTrainCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
+        parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
+                            help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
+                                 "data.synthetic.task) at model.model_name_or_path when that folder does not exist: "
+                                 "CPU runs and tests without downloads.")
 
     def before_instantiate_classes(self) -> None:
         check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
+        if self.config.get("tiny_model") is not None:  # before the module loads model.model_name_or_path
+            ensure_tiny_model(self.config["model"]["model_name_or_path"], tiny_model_config(self.config))
 
 
 def check_devices(accelerator: Any, devices: Any) -> None:
@@ -65,6 +76,29 @@ def check_devices(accelerator: Any, devices: Any) -> None:
                      "or run on a machine with more")
 
 
+def tiny_model_config(config: Any) -> TinyModelConfig:
+    """The recipe's ``tiny_model``, warmed up on ``data.synthetic.task``: a recipe states the task once.
+
+    ``tiny_model.task``, if set to anything but the default, must equal ``data.synthetic.task``.
+    """
+    settings = _plain(config["tiny_model"])
+    synthetic = config["data"].get("synthetic")
+    if synthetic is None:
+        raise ValueError("tiny_model needs data.synthetic: the tiny model's warm-up teaches the synthetic task; "
+                         "set data.synthetic or drop tiny_model and give model.model_name_or_path a model folder")
+    task = _plain(synthetic)["task"]
+    given = settings.pop("task", None)
+    if given not in (None, asdict(ArithmeticTask()), task):
+        raise ValueError(f"tiny_model.task {given} differs from data.synthetic.task {task}: the warm-up uses "
+                         "data.synthetic.task; remove tiny_model.task")
+    return TinyModelConfig(**settings, task=ArithmeticTask(**task))
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    """A parsed dataclass value (a jsonargparse Namespace, or the dataclass itself) as a plain dict."""
+    return value.as_dict() if hasattr(value, "as_dict") else asdict(value)
+
+
 def _recipe_name(config_paths: list) -> str | None:
     """``quickstart`` for one config; ``qwen3-1.7b-math+grpo`` for a base recipe plus an overlay."""
     return "+".join(Path(str(p)).stem for p in config_paths) or None
@@ -81,6 +115,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     """Parse a recipe (and overrides), train, and return the CLI (its ``trainer``, ``model``, ...)."""
     for pattern in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    check_renamed_keys(sys.argv[1:] if args is None else args)
     cli = GGPOTrainCLI(
         GGPOModule,
         PromptGroupDataModule,

@@ -18,7 +18,7 @@ def _reset_global_seed(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny model folder built once per test session through the real save/load code."""
-    from ggpo_lightning.models import build_tiny_model
+    from ggpo_lightning.tasks.tiny_model import build_tiny_model
     from ggpo_lightning.testing import TINY_TEST_MODEL
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_TEST_MODEL)

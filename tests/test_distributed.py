@@ -14,7 +14,7 @@ from ggpo_lightning.buffer import BehaviorBuffer
 from ggpo_lightning.data import PromptGroupDataModule
 from ggpo_lightning.distributed import (all_gather_objects, copy_weights_, decoder_layers, interleave, rank_share,
                                         sum_across_ranks, world)
-from ggpo_lightning.module import _summed_metric
+from ggpo_lightning.distributed import _summed_metric
 from ggpo_lightning.rollout import HFGenerateEngine
 from ggpo_lightning.testing import make_group
 from ggpo_lightning.train import check_devices
@@ -100,7 +100,8 @@ def test_online_ranks_roll_out_disjoint_shares_of_each_step(tmp_path, monkeypatc
             rolled.append([r.id for r in rows])
             return [make_group([1], [[2], [3]], [1.0, 0.0], prompt_id=r.id) for r in rows]
 
-        dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(rollout=rollout), global_step=0)
+        dm.trainer = SimpleNamespace(global_step=0)
+        dm.connect_rollout(rollout)
         drawn[rank] = [[g.prompt_id for g in dm.next_batch()] for _ in range(3)]
         assert drawn[rank] == rolled  # each rank trains on the groups it rolled out itself
     _as_rank(monkeypatch, 0, 1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ggpo_lightning.data import PromptRow
+from ggpo_lightning.records import PromptRow
 from ggpo_lightning.eval_cli import eval_command
 from ggpo_lightning.evaluation import (
     EvalResult,
@@ -127,8 +127,8 @@ def test_sampled_evaluation_is_a_function_of_the_seed_and_leaves_the_global_rng_
 
 
 def test_greedy_accuracy_equals_the_modules_evaluate(tiny_model_dir, tiny_lm):
-    from ggpo_lightning.module import GGPOModule, RolloutConfig
-    from ggpo_lightning.rollout import SamplingConfig
+    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
 
     module = GGPOModule(str(tiny_model_dir), verifier="numeric",
                         rollout=RolloutConfig(k=2, sampling=SamplingConfig(max_new_tokens=3)))
@@ -150,7 +150,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("eval-run")
     cli = run_training([
         "--config", str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"),
-        "--model.model_name_or_path", str(tiny_model_dir), "--model.tiny_model", "null",
+        "--model.model_name_or_path", str(tiny_model_dir), "--tiny_model", "null",
         "--model.rollout.k", "2", "--model.rollout.sampling.max_new_tokens", "3",
         "--model.optimizer.init_args.lr", "0.01",
         "--data.train_path", str(tmp / "data" / "train.jsonl"), "--data.val_path", str(tmp / "data" / "test.jsonl"),

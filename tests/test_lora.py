@@ -13,7 +13,9 @@ import torch
 from ggpo_lightning.logprobs import sequence_logprobs
 from ggpo_lightning.lora import LoraSettings, lora_layers
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
-from ggpo_lightning.module import GGPOModule, RolloutConfig
+from ggpo_lightning.module import GGPOModule
+from ggpo_lightning.objectives import ObjectiveConfig
+from ggpo_lightning.rollout import RolloutConfig
 from ggpo_lightning.rollout import SamplingConfig
 from ggpo_lightning.testing import make_group
 from test_module import fit, fit_resumable, make_data, make_module
@@ -39,8 +41,8 @@ def batch_rows(module: GGPOModule) -> tuple[torch.Tensor, torch.Tensor, torch.Te
                          [1.0, 0.0, 0.0]),
               make_group(tok("5+4=")["input_ids"], [enc("9"), enc("1") + [tok.eos_token_id], enc("8")],
                          [1.0, 0.0, 0.0])]
-    batch = module._pack(groups)
-    return batch["input_ids"], batch["attention_mask"], batch["target_mask"]
+    batch = module.pack(groups)
+    return batch.input_ids, batch.attention_mask, batch.target_mask
 
 
 @torch.no_grad()
@@ -54,7 +56,7 @@ def logprobs(model: torch.nn.Module, rows) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_logprobs(module: GGPOModule, rows) -> torch.Tensor:
-    with module.reference_model() as reference:
+    with module.policy.reference_model() as reference:
         return sequence_logprobs(reference, *rows)[0]
 
 
@@ -69,7 +71,7 @@ def perturb_adapter(module: GGPOModule) -> None:
 @pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl"])
 def test_a_few_steps_with_each_objective_change_only_adapter_parameters(tiny_model_dir, data_dir, objective):
     torch.manual_seed(0)
-    module = make_lora_module(tiny_model_dir, objective=objective, beta=0.1)
+    module = make_lora_module(tiny_model_dir, objective=ObjectiveConfig(objective, beta=0.1))
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
     trainer = fit(module, make_data(data_dir, prompts_per_step=6), steps=3)
     assert trainer.global_step == 3 and module.nan_steps == 0
@@ -111,7 +113,7 @@ def test_refresh_merges_the_adapter_and_starts_a_fresh_one(tiny_model_dir, data_
     assert all(not torch.equal(layer.lora_A["default"].weight, a) for layer, a in zip(layers, a_before))
     assert [id(p) for p in module.learner.parameters()] == params_before  # the optimizer's tensors, in place
     assert not trainer.optimizers[0].state  # the old adapter's Adam moments are gone
-    assert module.lora_merges == 1
+    assert module.policy.lora_merges == 1
 
 
 def test_refresh_and_sync_on_schedule(tiny_model_dir, data_dir):
@@ -177,7 +179,7 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
     assert resumed_trainer.global_step == full_trainer.global_step == 7
     for a, b in ((resumed.learner, full.learner), (resumed.engine.model, full.engine.model)):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    assert resumed.lora_merges == full.lora_merges == 2
+    assert resumed.policy.lora_merges == full.policy.lora_merges == 2
     assert resumed_dm.buffer.state_dict() == full_dm.buffer.state_dict()
 
 
@@ -217,15 +219,15 @@ def test_both_exports_load_back_with_the_learners_logprobs(tiny_model_dir, data_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ggpo_lightning.callbacks import RunSummary
     from ggpo_lightning.evaluation import load_model
+    from ggpo_lightning.export import write_folder
 
     torch.manual_seed(0)
     module = make_lora_module(tiny_model_dir, ref_refresh_every=refresh_every,
                               lora=LoraSettings(r=4, alpha=8.0, export_merged=True))
     fit(module, make_data(data_dir), steps=3)
     for target, write in module.exports(tmp_path).items():
-        RunSummary._write_folder(target, write)
+        write_folder(target, write)
     rows = batch_rows(module)
     expected = logprobs(module.learner, rows)
 

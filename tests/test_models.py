@@ -11,15 +11,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from ggpo_lightning import models
-from ggpo_lightning.models import (
+from ggpo_lightning.models import load_causal_lm, load_tokenizer
+from ggpo_lightning.tasks import tiny_model
+from ggpo_lightning.tasks.tiny_model import (
     TinyModelConfig,
     build_tiny_model,
     build_tiny_tokenizer,
     ensure_tiny_model,
     greedy_accuracy,
-    load_causal_lm,
-    load_tokenizer,
 )
 from ggpo_lightning.tasks import ArithmeticTask
 
@@ -157,7 +156,7 @@ def test_ensure_reuses_a_matching_folder_without_rebuilding(built, monkeypatch):
     def no_build(*args, **kwargs):
         raise AssertionError("rebuilt")
 
-    monkeypatch.setattr(models, "build_tiny_model", no_build)
+    monkeypatch.setattr(tiny_model, "build_tiny_model", no_build)
     assert ensure_tiny_model(str(path), TinyModelConfig(**TINY.__dict__)) == path
     assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == stamps
 

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from ggpo_lightning.data import PromptGroupDataModule
-from ggpo_lightning.module import GGPOModule, RolloutConfig
+from ggpo_lightning.evaluation import EvalConfig
+from ggpo_lightning.module import GGPOModule
+from ggpo_lightning.objectives import ObjectiveConfig
+from ggpo_lightning.rollout import RolloutConfig
 from ggpo_lightning.objectives import ggpo_weights
 from ggpo_lightning.rollout import SamplingConfig
 from ggpo_lightning.testing import make_group
@@ -72,7 +75,7 @@ class Probe(L.Callback):
 @pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl"])
 def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_model_dir, data_dir, objective):
     torch.manual_seed(0)
-    module = make_module(tiny_model_dir, objective=objective, beta=0.1)
+    module = make_module(tiny_model_dir, objective=ObjectiveConfig(objective, beta=0.1))
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
     ref_before = {n: p.detach().clone() for n, p in module.reference.named_parameters()}
     trainer = fit(module, make_data(data_dir, prompts_per_step=6), steps=3)
@@ -85,7 +88,7 @@ def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_mod
 
 def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
     _, tok = tiny_lm
-    module = make_module(tiny_model_dir, beta=0.3)
+    module = make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.3))
     with torch.no_grad():  # move the learner off the reference so that log pi != log pi_ref
         for p in module.learner.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -95,8 +98,8 @@ def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
                    [1.0, 0.0, 0.0, 1.0]),
         make_group(tok("5+5=")["input_ids"], [enc("10"), enc("1") + [tok.eos_token_id], enc("9")], [1.0, 0.0, 0.0]),
     ]
-    batch = module._pack(groups)
-    loss, _ = module._loss(batch)
+    batch = module.pack(groups)
+    loss, _ = module.step_loss(batch)
     module.learner.zero_grad()
     loss.backward()
     got = [p.grad.clone() for p in module.learner.parameters()]
@@ -104,13 +107,12 @@ def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
     # closed form: -beta * sum_i (w_i - 1/K) grad logp_i, averaged over the 2 groups
     from ggpo_lightning.logprobs import sequence_logprobs
 
-    rows = (batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+    rows = (batch.input_ids, batch.attention_mask, batch.target_mask)
     logp, _ = sequence_logprobs(module.learner, *rows)
     with torch.no_grad():
         ref, _ = sequence_logprobs(module.reference, *rows)
-    mask = batch["group_mask"]
-    to_g = lambda x: module._to_groups(x, mask)  # noqa: E731
-    contrast = ggpo_weights(to_g(logp.detach()), to_g(ref), batch["rewards"], 0.3, mask)  # [G, K]
+    mask = batch.group_mask
+    contrast = ggpo_weights(batch.to_groups(logp.detach()), batch.to_groups(ref), batch.rewards, 0.3, mask)  # [G, K]
     coef = (-0.3 * contrast / 2)[mask]  # [B]
     module.learner.zero_grad()
     (coef * logp).sum().backward()
@@ -200,9 +202,9 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
 def test_configuration_errors_come_before_any_model_is_loaded(tmp_path):
     missing = tmp_path / "no-such-model"  # would fail to load: the errors must come first
     with pytest.raises(ValueError) as err:
-        GGPOModule(str(missing), objective="ppo", beta=0.0, verifier="nope", rollout=RolloutConfig(k=1))
+        GGPOModule(str(missing), objective=ObjectiveConfig("ppo", beta=0.0), verifier="nope", rollout=RolloutConfig(k=1))
     message = str(err.value)
-    for fragment in ("model.objective", "model.beta", "model.verifier", "model.rollout.k", "available"):
+    for fragment in ("model.objective.name", "model.objective.beta", "model.verifier", "model.rollout.k", "available"):
         assert fragment in message
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         GGPOModule(str(missing), verifier="numeric")
@@ -212,8 +214,8 @@ def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_
                                                                       monkeypatch):
     module = make_module(tiny_model_dir, max_nan_steps=3)
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
-    real_loss = module._loss
-    monkeypatch.setattr(module, "_loss", lambda batch: (real_loss(batch)[0] * float("nan"), real_loss(batch)[1]))
+    real_loss = module.step_loss
+    monkeypatch.setattr(module, "step_loss", lambda batch: (real_loss(batch)[0] * float("nan"), real_loss(batch)[1]))
     trainer = fit(module, make_data(data_dir), steps=10, tmp_path=tmp_path)
     # the skipped steps change no parameter; they still count toward max_steps
     assert module.nan_steps == 3 and trainer.global_step == 3
@@ -231,35 +233,35 @@ def test_an_unusable_gold_answer_fails_at_setup_naming_file_and_line(tiny_model_
 
 
 def test_sampled_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tiny_model_dir, data_dir):
-    from ggpo_lightning.data import load_prompt_rows
+    from ggpo_lightning.records import load_prompt_rows
     from ggpo_verifiers import get_verifier
 
-    module = make_module(tiny_model_dir, eval_temperature=1.0)
+    module = make_module(tiny_model_dir, eval=EvalConfig(temperature=1.0))
     module.verifier = get_verifier("numeric")
     rows = load_prompt_rows(data_dir / "test.jsonl")
     state = torch.get_rng_state()
     first = module.evaluate(rows)
     assert module.evaluate(rows) == first
     assert torch.equal(torch.get_rng_state(), state)
-    with pytest.raises(ValueError, match="model.eval_temperature"):
-        make_module(tiny_model_dir, eval_temperature=-1.0)
+    with pytest.raises(ValueError, match="model.eval.temperature"):
+        make_module(tiny_model_dir, eval=EvalConfig(temperature=-1.0))
 
 
 def test_chat_template_wraps_the_prompt_as_a_user_turn(tiny_model_dir):
     with pytest.raises(ValueError, match="no chat template"):
         make_module(tiny_model_dir, chat_template=True)
     module = make_module(tiny_model_dir)
-    plain = module.encode_prompt("1+2=")
+    plain = module.rollout.encode("1+2=")
     module.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}"
-    module.chat_template = True
-    wrapped = module.encode_prompt("1+2=")
+    module.rollout.chat_template = True
+    wrapped = module.rollout.encode("1+2=")
     assert module.tokenizer.decode(wrapped, skip_special_tokens=True) == "1+2=1+2="
     assert wrapped != plain
 
 
 def _step_gradients(module: GGPOModule, groups) -> list[torch.Tensor]:
     module.learner.zero_grad()
-    loss, _ = module._loss(module._pack(groups))
+    loss, _ = module.step_loss(module.pack(groups))
     loss.backward()
     return [p.grad.clone() for p in module.learner.parameters()]
 
@@ -309,31 +311,34 @@ def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_d
                          behavior_logprobs=[[-1.0], [-2.0], [-1.5, -0.5]]),
               make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0],
                          behavior_logprobs=[[-0.1, -0.2, -0.3], [-2.0]])]
-    packed, padded = (make_module(tiny_model_dir, objective=objective, shared_prefix=s) for s in (True, False))
-    assert "packed" in packed._pack(groups) and "packed" not in padded._pack(groups)
+    packed, padded = (make_module(tiny_model_dir, objective=ObjectiveConfig(objective), shared_prefix=s) for s in (True, False))
+    assert packed.pack(groups).packed is not None and padded.pack(groups).packed is None
     torch.manual_seed(0)
     with torch.no_grad():  # a learner away from the reference, the same in both
         for p, q in zip(packed.learner.parameters(), padded.learner.parameters()):
             q.copy_(p.add_(0.05 * torch.randn_like(p)))
-    torch.testing.assert_close(packed._loss(packed._pack(groups))[0], padded._loss(padded._pack(groups))[0],
+    torch.testing.assert_close(packed.step_loss(packed.pack(groups))[0], padded.step_loss(padded.pack(groups))[0],
                                rtol=1e-5, atol=1e-6)
     for g, e in zip(_step_gradients(packed, groups), _step_gradients(padded, groups)):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
 
 
-def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm):
+def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm, monkeypatch):
+    from ggpo_lightning import batch as batch_module
+
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     a = make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0], prompt_id="a")
     b = make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0], prompt_id="b")
     module = make_module(tiny_model_dir)
     calls = []
-    forward = module._token_logprobs
-    module._token_logprobs = lambda model, batch: calls.append([g.prompt_id for g in batch["groups"]]) or forward(
-        model, batch)
-    cached = module._reference_token_logprobs(module._pack([a]))  # computes a's
-    both = module._pack([b, a])
-    got = module._reference_token_logprobs(both)  # computes b's only, reuses a's
+    real = batch_module.batch_token_logprobs
+    monkeypatch.setattr(batch_module, "batch_token_logprobs", lambda model, batch, chunk: calls.append(
+        [g.prompt_id for g in batch.groups]) or real(model, batch, chunk))
+    forward = lambda model, batch: real(model, batch, module.logprob_chunk_size)  # noqa: E731
+    cached = module.reference_token_logprobs(module.pack([a]))  # computes a's
+    both = module.pack([b, a])
+    got = module.reference_token_logprobs(both)  # computes b's only, reuses a's
     assert calls == [["a"], ["b"]]
     with torch.no_grad():
         recomputed = forward(module.reference, both)  # [B, L]
@@ -344,10 +349,10 @@ def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_mod
     module.refresh_reference()
     with torch.no_grad():
         recomputed = forward(module.reference, both)
-    torch.testing.assert_close(module._reference_token_logprobs(both), recomputed, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(module.reference_token_logprobs(both), recomputed, rtol=1e-5, atol=1e-6)
     assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
     del a, b, both
-    assert not module._ref_cache  # entries leave with their groups
+    assert not len(module.reference_cache)  # entries leave with their groups
 
 
 def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
@@ -363,7 +368,7 @@ def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
 
 
 def test_a_rollout_under_autocast_casts_the_weights_once_and_samples_the_same(tiny_model_dir):
-    from ggpo_lightning.data import PromptRow
+    from ggpo_lightning.records import PromptRow
     from ggpo_verifiers import get_verifier
 
     module = make_module(tiny_model_dir)
@@ -373,6 +378,23 @@ def test_a_rollout_under_autocast_casts_the_weights_once_and_samples_the_same(ti
         torch.manual_seed(0)
         cached = module.rollout(rows)
         torch.manual_seed(0)
-        prompts = [module.encode_prompt(r.prompt) for r in rows]
+        prompts = [module.rollout.encode(r.prompt) for r in rows]
         plain = module.engine.generate(prompts, 4, module.rollout_config.sampling)
     assert [g.response_ids for g in cached] == [g.response_ids for g in plain]
+
+
+def test_the_default_progress_bar_counts_optimizer_steps_and_shows_what_a_user_watches(tiny_model_dir, data_dir,
+                                                                                        capsys):
+    from ggpo_lightning.callbacks import StepProgressBar
+
+    module = make_module(tiny_model_dir)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_model_summary=False,
+                        enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(module, datamodule=make_data(data_dir))
+    bar = trainer.progress_bar_callback
+    assert type(bar) is StepProgressBar  # Lightning's default bar, replaced
+    assert bar.total_train_batches == 3 and bar._get_train_description(0).strip() == "step"
+    assert set(bar.get_metrics(trainer, module)) == {"reward", "staleness", "loss"}  # no validation ran
+    assert "Epoch" not in capsys.readouterr().out
+    quiet = fit(make_module(tiny_model_dir), make_data(data_dir), steps=1)  # enable_progress_bar=False stays off
+    assert quiet.progress_bar_callback is None

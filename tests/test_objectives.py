@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from ggpo_lightning.objectives import (
+    ObjectiveConfig,
+    ObjectiveInputs,
     agro_loss,
     available_objectives,
     get_objective,
@@ -272,7 +274,13 @@ def test_diagnostics():
 
 def test_registry():
     assert set(available_objectives()) >= {"ggpo", "agro", "grpo", "maxrl"}
-    assert get_objective("ggpo").loss is ggpo_loss
+    logp, ref = torch.randn(3, 4, dtype=f64), torch.randn(3, 4, dtype=f64)
+    rewards = torch.tensor([[1.0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=f64)
+    inputs = ObjectiveInputs(logp=logp, rewards=rewards, mask=torch.ones(3, 4, dtype=torch.bool), ref_logp=ref)
+    config = ObjectiveConfig("ggpo", beta=0.3)
+    # the registry entry is the plain loss on the step's inputs
+    assert get_objective("ggpo").loss(inputs, config) == ggpo_loss(logp, ref, rewards, 0.3)
+    assert get_objective("agro").loss(inputs, config) == agro_loss(logp, ref, rewards, 0.3)
     assert get_objective("grpo").level == "token" and get_objective("grpo").uses_behavior_logp
     with pytest.raises(ValueError, match="unknown objective 'ppo'.*agro, ggpo, grpo, maxrl"):
         get_objective("ppo")
@@ -314,3 +322,28 @@ def test_grpo_bad_input():
         grpo_loss(lp, None, m, r, clip_eps=1.5)
     with pytest.raises(ValueError, match="rewards has"):
         grpo_loss(lp, None, m, torch.zeros(2, 2))
+
+
+def test_an_objective_from_one_file_trains_without_touching_the_module(tiny_model_dir, data_dir):
+    """docs/ADDING_AN_OBJECTIVE.md: the example file registers RLOO; the module trains with it unchanged."""
+    import runpy
+    from pathlib import Path
+
+    from ggpo_lightning import objectives
+    from test_module import fit, make_data, make_module
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rloo_objective.py"
+    try:
+        rloo = runpy.run_path(str(path))["rloo_loss"]
+        # one group of 3: rewards (1, 0, 0) -> baselines (0, 1/2, 1/2) -> advantages (1, -1/2, -1/2)
+        logp = torch.tensor([[-1.0, -2.0, -4.0]], dtype=f64)
+        inputs = ObjectiveInputs(logp=logp, rewards=torch.tensor([[1.0, 0.0, 0.0]], dtype=f64),
+                                 mask=torch.ones(1, 3, dtype=torch.bool))
+        # -(1 * -1 - 1/2 * -2 - 1/2 * -4) / 3 = -(-1 + 1 + 2) / 3
+        assert rloo(inputs, ObjectiveConfig("rloo")).item() == pytest.approx(-2 / 3)
+        module = make_module(tiny_model_dir, objective=ObjectiveConfig("rloo"))
+        before = [p.detach().clone() for p in module.learner.parameters()]
+        fit(module, make_data(data_dir), steps=2)
+        assert any(not torch.equal(a, b) for a, b in zip(before, module.learner.parameters()))
+    finally:
+        objectives._OBJECTIVES.pop("rloo", None)

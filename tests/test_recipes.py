@@ -38,7 +38,7 @@ def print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
 def test_every_recipe_parses_and_prints_its_config(recipe, capsys):
     raw = yaml.safe_load(recipe.read_text())
     config = print_config(capsys, recipe)
-    assert config["model"]["objective"] == raw["model"]["objective"]
+    assert config["model"]["objective"] == {**config["model"]["objective"], **raw["model"]["objective"]}
     assert config["model"]["model_name_or_path"] == raw["model"]["model_name_or_path"]
     assert config["trainer"]["max_steps"] == raw["trainer"]["max_steps"]
     assert config["seed_everything"] == raw["seed_everything"]  # explicit, never `true`
@@ -69,15 +69,34 @@ def test_multi_device_recipes_change_only_devices_and_batch(scaled, single, diff
 @pytest.mark.parametrize("base", BASES, ids=lambda p: p.name)
 def test_baseline_overlays_change_only_the_objective_side(base, overlay, capsys):
     config = print_config(capsys, base, overlay)
-    assert config["model"]["objective"] == overlay.stem
+    assert config["model"]["objective"]["name"] == overlay.stem
     plain = print_config(capsys, base)
     assert config["data"] == plain["data"] and config["trainer"] == plain["trainer"]
 
 
 def test_command_line_overrides_win(capsys):
     config = print_config(capsys, RECIPES / "quickstart.yaml",
-                          extra=("--model.beta", "0.05", "--trainer.max_steps", "7"))
-    assert config["model"]["beta"] == 0.05 and config["trainer"]["max_steps"] == 7
+                          extra=("--model.objective.beta", "0.05", "--trainer.max_steps", "7"))
+    assert config["model"]["objective"]["beta"] == 0.05 and config["trainer"]["max_steps"] == 7
+
+
+@pytest.mark.parametrize("old,new", [("--model.beta", "model.objective.beta"),
+                                     ("--model.eval_temperature", "model.eval.temperature"),
+                                     ("--model.objective", "model.objective.name: grpo")])
+def test_a_renamed_key_on_the_command_line_names_its_new_key(old, new):
+    with pytest.raises(ValueError, match=rf"command line: {old[2:]}.* is now {new}"):
+        run_training(["--config", str(RECIPES / "quickstart.yaml"), old, "grpo" if "objective" in old else "0.5"])
+
+
+def test_a_renamed_key_in_a_recipe_file_names_its_new_key_and_the_file(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  objective: grpo\n  beta: 0.1\n  eval_batch_size: 8\n  tiny_model: {hidden_size: 8}\n")
+    with pytest.raises(ValueError) as error:
+        run_training(["--config", str(RECIPES / "quickstart.yaml"), "--config", str(old)])
+    message = str(error.value)
+    for expected in ("model.objective: grpo is now model.objective.name: grpo", "model.beta is now model.objective.beta",
+                     "model.eval_batch_size is now model.eval.batch_size", "model.tiny_model is now tiny_model"):
+        assert f"{old}: {expected}" in message
 
 
 def test_a_typo_in_a_flag_is_an_error_naming_it(capsys):
@@ -91,6 +110,6 @@ def test_ggpo_train_help_runs_as_a_program():
     out = subprocess.run([sys.executable, "-c", "from ggpo_lightning.cli import train_main; train_main()", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for flag in ("--config", "--print_config", "--model.beta", "--model.objective", "--data.train_path",
+    for flag in ("--config", "--print_config", "--model.objective", "--model.eval", "--data.train_path",
                  "--ckpt_path"):
         assert flag in out.stdout

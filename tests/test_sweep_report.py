@@ -22,14 +22,14 @@ def write_grid(tmp_path: Path, model_dir: Path, **changes) -> Path:
         "out": str(tmp_path / "grid"),
         "seeds": [0],
         "overrides": {
-            "model.model_name_or_path": str(model_dir), "model.tiny_model": None,
+            "model.model_name_or_path": str(model_dir), "tiny_model": None,
             "model.rollout.sampling.max_new_tokens": 3, "data.prompts_per_step": 2,
             "data.train_path": str(tmp_path / "data" / "train.jsonl"),
             "data.val_path": str(tmp_path / "data" / "test.jsonl"),
             "data.synthetic.n_train": 32, "data.synthetic.n_test": 8,
             "trainer.max_steps": 3, "trainer.val_check_interval": 2, "summary.export": False,
         },
-        "axes": {"objective": {"ggpo": {"model.objective": "ggpo"}, "grpo": {"model.objective": "grpo"}},
+        "axes": {"objective": {"ggpo": {"model.objective.name": "ggpo"}, "grpo": {"model.objective.name": "grpo"}},
                  "setting": {"sync2": {"model.rollout.sync_every": 2}}},
         **changes,
     }
@@ -43,7 +43,7 @@ def test_grid_expands_axes_times_seeds(tmp_path, tiny_model_dir):
     assert [r.name for r in grid.runs] == ["ggpo-sync2-seed0", "ggpo-sync2-seed1", "grpo-sync2-seed0",
                                            "grpo-sync2-seed1"]
     assert grid.runs[2].labels == {"objective": "grpo", "setting": "sync2", "seed": 0}
-    assert grid.runs[2].overrides["model.objective"] == "grpo"
+    assert grid.runs[2].overrides["model.objective.name"] == "grpo"
     assert grid.runs[2].overrides["trainer.max_steps"] == 3  # grid-wide overrides apply to every run
 
 

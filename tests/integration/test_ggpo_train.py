@@ -19,7 +19,7 @@ QUICKSTART = RECIPES / "quickstart.yaml"
 def train(tmp_path: Path, model_dir: Path, *extra: str, recipe: Path = QUICKSTART):
     return run_training([
         "--config", str(recipe),
-        "--model.model_name_or_path", str(model_dir), "--model.tiny_model", "null",
+        "--model.model_name_or_path", str(model_dir), "--tiny_model", "null",
         "--model.rollout.sampling.max_new_tokens", "3",
         "--data.train_path", str(tmp_path / "data" / "train.jsonl"),
         "--data.val_path", str(tmp_path / "data" / "test.jsonl"),
@@ -67,7 +67,7 @@ def test_the_lora_quickstart_exports_an_adapter_and_a_merged_model(tmp_path, tin
                 recipe=RECIPES / "quickstart-lora.yaml")
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert summary["recipe"] == "quickstart-lora" and summary["optimizer_steps"] == 4
-    assert cli.model.reference is None and cli.model.lora_merges == 2
+    assert cli.model.reference is None and cli.model.policy.lora_merges == 2
     merged = AutoModelForCausalLM.from_pretrained(summary["final_model"])  # plain transformers
     adapter_dir = Path(summary["final_adapter"])
     adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(adapter_dir / "base"), adapter_dir)
@@ -89,21 +89,21 @@ def test_resume_from_the_last_checkpoint_through_the_cli(tmp_path, tiny_model_di
 
 @pytest.mark.parametrize("field,value,match", [
     ("--model.rollout.k", "1", "model.rollout.k"),
-    ("--model.beta", "0", "model.beta"),
-    ("--model.objective", "ppo", "model.objective"),
+    ("--model.objective.beta", "0", "model.objective.beta must be"),
+    ("--model.objective.name", "ppo", "model.objective.name: unknown objective 'ppo'"),
     ("--model.verifier", "nope", "model.verifier"),
 ])
 def test_bad_settings_fail_before_the_model_loads(tmp_path, field, value, match):
     with pytest.raises(ValueError, match=match):
         run_training(["--config", str(QUICKSTART), "--model.model_name_or_path", str(tmp_path / "missing"),
-                      "--model.tiny_model", "null", field, value])
+                      "--tiny_model", "null", field, value])
     assert not (tmp_path / "missing").exists()
 
 
 def test_a_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_training(["--config", str(QUICKSTART), "--model.model_name_or_path", str(tmp_path / "missing"),
-                      "--model.tiny_model", "null"])
+                      "--tiny_model", "null"])
 
 
 @pytest.mark.slow

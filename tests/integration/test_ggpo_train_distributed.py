@@ -74,9 +74,9 @@ def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -
     env.pop("PL_GLOBAL_SEED", None)
     command = [
         sys.executable, "-m", "ggpo_lightning.train", *args, "--config", str(callbacks),
-        "--model.model_name_or_path", str(w.model), "--model.tiny_model", "null",
+        "--model.model_name_or_path", str(w.model), "--tiny_model", "null",
         "--model.rollout.sync_every", str(SYNC_EVERY), "--model.ref_refresh_every", str(REFRESH_EVERY),
-        "--model.eval_max_new_tokens", "3",
+        "--model.eval.max_new_tokens", "3",
         "--data.train_path", str(w.data / "train.jsonl"), "--data.val_path", str(w.data / "test.jsonl"),
         "--data.synthetic", "null", "--data.val_size", "8",
         "--data.mode", "offline", "--data.buffer_path", str(w.root / "buffer.jsonl"), "--data.buffer_draw", "fifo",

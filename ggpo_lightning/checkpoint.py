@@ -1,0 +1,138 @@
+"""The checkpoint schema: what a ``ggpo-train`` checkpoint holds besides Lightning's own entries.
+
+A checkpoint is Lightning's dict (``state_dict`` with ``learner.*`` and ``reference.*``
+weights, optimizer, loops, callbacks, the DataModule's state) plus one entry,
+``checkpoint["ggpo"]``: :class:`RunState`, written and read only through
+:meth:`RunState.to_dict` / :meth:`RunState.from_dict`. ``ggpo eval`` reads the same
+schema (:func:`read_checkpoint`). Torch only, no Lightning.
+
+Schema versions: 1 (checkpoints written before the schema was made explicit) had no ``schema`` key and, before per-rank state, kept
+one process's ``rng`` and ``generated_samples`` at the top level; both still load.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ggpo_lightning.distributed import world
+
+__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "LoraState", "RankState", "RunState", "current_rank_state",
+           "learner_weights", "read_checkpoint", "restore_rank_state"]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_KEY = "ggpo"
+SCHEMA_VERSION = 2
+
+
+@dataclass
+class RankState:
+    """One process's sampling state: what lets a resumed run draw what an uninterrupted one would."""
+
+    rng: dict[str, Any]
+    """``{"torch": torch RNG state, "python": random.getstate()}``."""
+    generated_samples: int
+
+
+@dataclass
+class LoraState:
+    """A LoRA run's adapter settings and the base it trains on."""
+
+    settings: dict[str, Any]
+    """``asdict(LoraSettings)``."""
+    base_fingerprint: str
+    """Fingerprint of the base model on disk (config and embedding)."""
+    merges: int
+    """Reference refreshes merged into the base so far."""
+
+
+@dataclass
+class RunState:
+    """``checkpoint["ggpo"]``: the module's state beyond its weights."""
+
+    model_name_or_path: str
+    """The base model the learner weights load into (what ``ggpo eval`` uses)."""
+    engine_version: int
+    """Optimizer step of the weights the rollout engine holds."""
+    engine_state: dict[str, Tensor] | None
+    """The engine's weights; None when equal to the learner's (rebuilt on resume)."""
+    nan_steps: int
+    """Skipped non-finite steps so far."""
+    ranks: list[RankState]
+    """Per-process sampling state, rank order."""
+    lora: LoraState | None = None
+    schema: int = field(default=SCHEMA_VERSION)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types for ``torch.save``; tensors as they are (``asdict`` would deep-copy the engine's weights)."""
+        return {"schema": self.schema, "model_name_or_path": self.model_name_or_path,
+                "engine_version": self.engine_version, "engine_state": self.engine_state,
+                "nan_steps": self.nan_steps, "ranks": [vars(r) for r in self.ranks],
+                "lora": asdict(self.lora) if self.lora else None}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> RunState:
+        """Any schema version's dict; ValueError for a newer schema than this code reads."""
+        schema = state.get("schema", 1)
+        if schema > SCHEMA_VERSION:
+            raise ValueError(f"the checkpoint has schema {schema}, newer than this ggpo-lightning reads "
+                             f"({SCHEMA_VERSION}); upgrade ggpo-lightning")
+        # schema 1 before per-rank state: one process's state at the top level
+        ranks = state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}]
+        lora = state.get("lora")
+        return cls(model_name_or_path=state["model_name_or_path"], engine_version=state["engine_version"],
+                   engine_state=state["engine_state"], nan_steps=state["nan_steps"],
+                   ranks=[RankState(**r) for r in ranks], lora=LoraState(**lora) if lora else None)
+
+
+def current_rank_state(generated_samples: int) -> RankState:
+    """This process's sampling RNG (torch and Python) and sample count."""
+    return RankState({"torch": torch.get_rng_state(), "python": random.getstate()}, generated_samples)
+
+
+def restore_rank_state(ranks: list[RankState]) -> int:
+    """Restore this rank's sampling RNG from ``ranks`` (one per process of the run that saved them) and return
+    its sample count, so that a resumed run draws what an uninterrupted one would.
+
+    A checkpoint written by another number of processes resumes too (the weights are
+    resharded by the strategy), but the per-rank sampling streams cannot be mapped: each
+    rank keeps its fresh seed, rank 0 takes the whole sample count, and the run continues
+    without repeating the uninterrupted one draw for draw.
+    """
+    rank, world_size = world()
+    if len(ranks) == world_size:
+        torch.set_rng_state(ranks[rank].rng["torch"])
+        random.setstate(ranks[rank].rng["python"])
+        return ranks[rank].generated_samples
+    log.warning("the checkpoint was written by %d processes and resumes on %d: the per-rank sampling RNG "
+                "starts fresh (the run continues, but not draw for draw as it would have)", len(ranks), world_size)
+    return sum(r.generated_samples for r in ranks) if rank == 0 else 0
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A Lightning checkpoint file, or a sharded one (a folder of ``torch.distributed.checkpoint`` shards and
+    Lightning's ``meta.pt``) consolidated into one dict in memory."""
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
+        raise ValueError(f"{path} is a folder but not a sharded checkpoint (no .metadata and meta.pt)")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, Path(tmp) / "full.pt")
+        checkpoint = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=True)
+    return {**checkpoint, **torch.load(path / "meta.pt", map_location="cpu", weights_only=True)}
+
+
+def learner_weights(checkpoint: dict[str, Any]) -> dict[str, Tensor]:
+    """The learner's weights of a checkpoint (its ``learner.*`` entries, prefix removed)."""
+    return {key.removeprefix("learner."): value for key, value in checkpoint.get("state_dict", {}).items()
+            if key.startswith("learner.")}

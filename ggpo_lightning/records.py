@@ -1,0 +1,120 @@
+"""Prompt records, torch-free: prompt rows, the JSONL/Parquet/``datasets`` readers, gold validation.
+
+The bottom layer of the package (nothing here imports torch or Lightning): the trainer's
+DataModule, ``ggpo eval`` and the rollout all read prompts through these functions, so a
+bad record is reported the same way everywhere, naming ``file:line``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PromptRow", "load_dataset_rows", "load_prompt_rows", "read_records", "validate_golds"]
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One prompt with its gold answer; ``source`` is ``file:line`` for error messages."""
+
+    id: str
+    prompt: str
+    gold: str
+    source: str = ""
+
+
+def read_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line or row number, record)`` pairs of a JSONL or Parquet file."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+        return
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answer_field: str = "answer",
+                     id_field: str | None = "id", template: str = "{prompt}") -> list[PromptRow]:
+    """Read prompts and gold answers from a JSONL or Parquet file.
+
+    ``template`` is formatted with the record's fields (``{prompt}`` is the prompt
+    field). A record without ``prompt_field`` or ``answer_field`` is an error naming the
+    file, the line and the fields it does have.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
+    return _rows(records, str(path), prompt_field, answer_field, id_field, template)
+
+
+def load_dataset_rows(name: str, split: str, config_name: str | None = None, prompt_field: str = "problem",
+                      answer_field: str = "answer", id_field: str | None = "id",
+                      template: str = "{prompt}") -> list[PromptRow]:
+    """Prompts and gold answers from a Hugging Face ``datasets`` dataset (a hub name or a local path).
+
+    Uses ``datasets.load_dataset(name, config_name, split=split)``, so with
+    ``HF_HUB_OFFLINE=1`` only cached or local datasets load. Errors name the row as
+    ``name[split]:index``.
+    """
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(f"data.dataset {name!r} needs the datasets package (pip install datasets), "
+                          "or give data.train_path as a JSONL/Parquet file") from exc
+    table = datasets.load_dataset(name, config_name, split=split)
+    label = f"{name}[{split}]"
+    records = ((f"{label}:{i}", f"{label}:{i}", record) for i, record in enumerate(table))
+    return _rows(records, label, prompt_field, answer_field, id_field, template)
+
+
+def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: str, answer_field: str,
+          id_field: str | None, template: str) -> list[PromptRow]:
+    """PromptRows of ``(where, default id, record)`` triples; errors name ``where``."""
+    rows = []
+    for where, default_id, record in records:
+        for field in (prompt_field, answer_field):
+            if record.get(field) is None:
+                raise ValueError(
+                    f"{where}: missing field {field!r} (fields: {', '.join(sorted(record))}); "
+                    f"map yours with data.prompt_field / data.answer_field"
+                )
+        try:
+            prompt = template.format(**{**record, "prompt": record[prompt_field]})
+        except KeyError as exc:
+            raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
+        row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else default_id
+        rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
+    if not rows:
+        raise ValueError(f"{label}: no prompts found")
+    return rows
+
+
+def validate_golds(rows: Sequence[PromptRow], verifier) -> None:
+    """Raise ValueError naming ``file:line`` of the first gold answer ``verifier`` cannot use.
+
+    A gold the verifier cannot parse is the dataset's fault, found at data-loading time
+    rather than as a silent reward of 0 for every response to that prompt.
+    """
+    from ggpo_verifiers import GoldAnswerError
+
+    try:
+        verifier.validate_golds([r.gold for r in rows])
+    except GoldAnswerError as exc:
+        row = rows[exc.index]
+        raise ValueError(f"{row.source}: {exc} (prompt id {row.id!r}); fix or drop the row") from exc
