@@ -222,7 +222,10 @@ class PromptGroupDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if not self.val_rows:
             return []
-        return DataLoader(_Once(self.val_rows), batch_size=None, num_workers=0, collate_fn=_identity)
+        # its own generator, as the training stream's: iter() would otherwise draw a base seed from the global
+        # RNG, so two runs differing only in val_check_interval would sample different rollouts
+        return DataLoader(_Once(self.val_rows), batch_size=None, num_workers=0, collate_fn=_identity,
+                          generator=torch.Generator())
 
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
         # Batches are lists of RolloutGroup / PromptRow (Python objects); the module builds device tensors.

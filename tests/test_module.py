@@ -398,3 +398,18 @@ def test_the_default_progress_bar_counts_optimizer_steps_and_shows_what_a_user_w
     assert "Epoch" not in capsys.readouterr().out
     quiet = fit(make_module(tiny_model_dir), make_data(data_dir), steps=1)  # enable_progress_bar=False stays off
     assert quiet.progress_bar_callback is None
+
+
+def test_validation_does_not_shift_the_rollouts(tiny_model_dir, data_dir):
+    """Two runs that differ only in how often they validate train the same weights (the validation dataloader
+    draws no seed from the global RNG that samples rollouts)."""
+    weights = []
+    for interval in (2, 3):
+        torch.manual_seed(0)
+        module = make_module(tiny_model_dir)
+        trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                            val_check_interval=interval, check_val_every_n_epoch=None)
+        trainer.fit(module, datamodule=make_data(data_dir, val_size=4))
+        weights.append([p.detach().clone() for p in module.learner.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
