@@ -4,9 +4,15 @@ GGPO with behavior-anchor lambda in {0, 0.01, 0.04, 0.1}, GGPO at a larger beta,
 with a log-ratio bound, and GRPO, each at sync 1 / 8 / 32 and offline (mu = pi_ref),
 over seeds 0, 1, 2 (problem, initialization and sampling seed). Prints markdown tables
 of final mean reward, KL(pi || pi*) and drift KL(mu || pi) at window ends (mean over
-windows; offline: KL(mu || pi) at the end), as mean ± sample std over seeds.
+windows; offline: KL(mu || pi) at the end), as mean ± sample std over seeds. Then the
+offline fixed point against lambda on the one-prompt tabular problem (6 actions,
+beta 0.5, mu != pi_ref): the exact minimiser q of L + lambda * KL(mu || pi)
+(``tabular.anchored_optimum``) and what offline training with groups of K = 8 reaches.
 
-    OMP_NUM_THREADS=1 python benchmarks/staleness_lab.py --lr 0.2    # about 3 minutes on one core
+    OMP_NUM_THREADS=1 python benchmarks/staleness_lab.py --lr 0.2    # about 5 minutes on one core
+
+``--table beta-scale`` runs only the check that lambda should scale with beta (sync 32,
+beta 0.05 / 0.1 / 0.2, lambda/beta 0 / 0.1 / 0.4 / 1 and lambda = 0.04).
 """
 
 from __future__ import annotations
@@ -42,13 +48,55 @@ def one_run(objective: str, beta: float, anchor: float, bound: float | None, set
     return run.reward[-1], run.kl_to_optimum[-1], drift
 
 
+def fixed_point_rows(seeds: int) -> None:
+    print(f"\noffline fixed point, one prompt, 6 actions, beta 0.5, seeds 0-{seeds - 1}, mean ± std\n")
+    print("| lambda | lambda/beta | KL(q || pi*) | reward(q) / reward(pi*) | lab K=8: KL(pi || pi*) | lab K=8: KL(pi || q) |")
+    print("|---|---|---|---|---|---|")
+    for lam in (0.0, 0.01, 0.04, 0.1, 0.5):
+        cols: list[list[float]] = [[], [], [], []]
+        for seed in range(seeds):
+            p = lab.random_problem(6, 0.5, torch.Generator().manual_seed(seed))
+            star = lab.gibbs_logp(p.ref_logp, p.rewards, p.beta)
+            q = lab.anchored_optimum(p.mu_logp, star, p.beta, lam)
+            run = lab.train_tabular(p, "ggpo", mode="offline", steps=1500, anchor=lam, log_every=1500, seed=seed)
+            reward = [(lp.exp() * p.rewards).sum().item() for lp in (q, star)]
+            for col, v in zip(cols, (lab.kl_divergence(q, star).item(), reward[0] / reward[1],
+                                     run.kl_to_optimum[-1], lab.kl_divergence(run.final_logp, q).item())):
+                col.append(v)
+        print(f"| {lam:g} | {lam / 0.5:g} | " + " | ".join(
+            f"{statistics.fmean(c):{fmt}} ± {statistics.stdev(c):{fmt}}" for c, fmt in zip(cols, (".2e", ".3f", ".2e", ".2e")))
+            + " |")
+
+
+def beta_scale_rows(seeds: int, lr: float, steps: int) -> None:
+    ratios = (0.0, 0.1, 0.4, 1.0)
+    print(f"\nsync32, lr {lr}: final reward (drift per window) against lambda/beta and lambda = 0.04, "
+          f"seeds 0-{seeds - 1}\n")
+    print("| β | " + " | ".join(f"λ/β = {r:g}" for r in ratios) + " | λ = 0.04 |\n|---|" + "---|" * (len(ratios) + 1))
+    for beta in (0.05, 0.1, 0.2):
+        cells = []
+        for lam in [r * beta for r in ratios] + [0.04]:
+            runs = [one_run("ggpo", beta, lam, None, "sync32", seed, lr, steps) for seed in range(seeds)]
+            rewards = [r[0] for r in runs]
+            cells.append(f"{statistics.fmean(rewards):.3f} ± {statistics.stdev(rewards):.3f} "
+                         f"({statistics.fmean(r[2] for r in runs):.2f})")
+        print(f"| {beta:g} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--table", choices=("all", "grid", "fixed-point", "beta-scale"), default="all")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.table in ("all", "fixed-point"):
+        fixed_point_rows(args.seeds)
+    if args.table in ("all", "beta-scale"):
+        beta_scale_rows(args.seeds, args.lr, args.steps)
+    if args.table not in ("all", "grid"):
+        return
     results = {(label, s): [one_run(o, b, a, bd, s, seed, args.lr, args.steps) for seed in range(args.seeds)]
                for label, o, b, a, bd in CONFIGS for s in SETTINGS}
     for i, metric in enumerate(("final mean reward", "final KL(pi || pi*)", "drift KL(mu || pi)")):

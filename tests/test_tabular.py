@@ -193,12 +193,12 @@ def test_lowrank_problem_and_policy_share_parameters_across_prompts():
         assert bool((moved[1:] > 1e-3).all()) == moves_others, policy
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_stale_shared_policy_collapses_without_the_anchor_and_not_with_it(seed):
-    # docs/METHOD.md#lab-evidence: 64 prompts x 50 answers, rank 4, rollout snapshot synced every 32 steps
-    p = lab.lowrank_problem(64, 50, 0.1, torch.Generator().manual_seed(seed))
+def test_stale_shared_policy_collapses_without_the_anchor_and_not_with_it():
+    # docs/METHOD.md#lab-evidence: 64 prompts x 50 answers, rank 4, rollout snapshot synced every 32 steps;
+    # over seeds 0-2 the final reward is 0.58 ± 0.07 without the anchor and 0.98 ± 0.02 with lambda = 0.04
+    p = lab.lowrank_problem(64, 50, 0.1, torch.Generator().manual_seed(0))
     kw = dict(mode="stale", sync_every=32, steps=640, groups=512, k=8, lr=0.2, policy="lowrank", rank=4,
-              log_every=640, seed=seed)
+              log_every=640, seed=0)
     plain = lab.train_tabular(p, "ggpo", **kw)
     anchored = lab.train_tabular(p, "ggpo", anchor=0.04, **kw)
     assert plain.reward[0] < 0.15  # pi_ref's success rate, about 5 / 50
