@@ -50,7 +50,8 @@ def one_run(objective: str, beta: float, anchor: float, bound: float | None, set
 
 def fixed_point_rows(seeds: int) -> None:
     print(f"\noffline fixed point, one prompt, 6 actions, beta 0.5, seeds 0-{seeds - 1}, mean ± std\n")
-    print("| lambda | lambda/beta | KL(q || pi*) | reward(q) / reward(pi*) | lab K=8: KL(pi || pi*) | lab K=8: KL(pi || q) |")
+    print("| lambda | lambda/beta | KL(q || pi*) | reward(q) / reward(pi*) | lab K=8: KL(pi || pi*) "
+          "| lab K=8: KL(pi || q) |")
     print("|---|---|---|---|---|---|")
     for lam in (0.0, 0.01, 0.04, 0.1, 0.5):
         cols: list[list[float]] = [[], [], [], []]
@@ -63,16 +64,17 @@ def fixed_point_rows(seeds: int) -> None:
             for col, v in zip(cols, (lab.kl_divergence(q, star).item(), reward[0] / reward[1],
                                      run.kl_to_optimum[-1], lab.kl_divergence(run.final_logp, q).item())):
                 col.append(v)
+        formats = (".2e", ".3f", ".2e", ".2e")
         print(f"| {lam:g} | {lam / 0.5:g} | " + " | ".join(
-            f"{statistics.fmean(c):{fmt}} ± {statistics.stdev(c):{fmt}}" for c, fmt in zip(cols, (".2e", ".3f", ".2e", ".2e")))
-            + " |")
+            f"{statistics.fmean(c):{f}} ± {statistics.stdev(c):{f}}" for c, f in zip(cols, formats)) + " |")
 
 
 def beta_scale_rows(seeds: int, lr: float, steps: int) -> None:
     ratios = (0.0, 0.1, 0.4, 1.0)
     print(f"\nsync32, lr {lr}: final reward (drift per window) against lambda/beta and lambda = 0.04, "
           f"seeds 0-{seeds - 1}\n")
-    print("| β | " + " | ".join(f"λ/β = {r:g}" for r in ratios) + " | λ = 0.04 |\n|---|" + "---|" * (len(ratios) + 1))
+    print("| β | " + " | ".join(f"λ/β = {r:g}" for r in ratios) + " | λ = 0.04 |")
+    print("|---|" + "---|" * (len(ratios) + 1))
     for beta in (0.05, 0.1, 0.2):
         cells = []
         for lam in [r * beta for r in ratios] + [0.04]:

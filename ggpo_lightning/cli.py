@@ -7,10 +7,16 @@ Heavy modules (torch, transformers, lightning) are imported inside the commands,
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import click
 
 from ggpo_verifiers.cli import verifiers_group
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ggpo_lightning.tabular import FiniteProblem
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,14 +121,14 @@ def tabular(objectives: list[str], mode: str, policy: str, prompts: int, rank: i
     click.echo("final reward: " + ", ".join(f"{r.objective}={r.reward[-1]:.3f}" for r in runs))
     if mode != "offline":
         click.echo("drift KL(mu || pi) at window ends, mean/max: " + ", ".join(
-            f"{r.objective}={sum(r.window_drift) / max(1, len(r.window_drift)):.3f}/{max(r.window_drift, default=0):.3f}"
-            for r in runs))
+            f"{r.objective}={sum(r.window_drift) / max(1, len(r.window_drift)):.3f}/"
+            f"{max(r.window_drift, default=0):.3f}" for r in runs))
     if plot:
         lab.plot_runs(runs, plot, f"tabular lab: {prompts} x {actions} actions, beta={beta}, {mode}")
         click.echo(f"plot saved to {plot}")
 
 
-def _echo_problem(problem, target, mode: str, groups: int, k: int, seed: int) -> None:  # noqa: ANN001 (torch lazily)
+def _echo_problem(problem: FiniteProblem, target: Tensor, mode: str, groups: int, k: int, seed: int) -> None:
     """Print the problem: each distribution for one prompt, or the success rates for several."""
     click.echo(f"problem: {problem.num_prompts} prompt(s) x {problem.num_actions} actions, beta={problem.beta}, "
                f"mode={mode}, {groups} groups x K={k}, seed={seed}")

@@ -141,12 +141,13 @@ def drift_diagnostics(
     correct = rewards > 0.5  # [G, K]
     neg_inf = torch.full((), -math.inf, dtype=dtype, device=lp.device)
     has_any = mask.any(dim=-1)  # [G]
-    mass = torch.logsumexp(torch.where(mask, lp, neg_inf), -1) - torch.logsumexp(torch.where(mask, mu, neg_inf), -1)  # [G]
+    mass_pi = torch.logsumexp(torch.where(mask, lp, neg_inf), dim=-1)  # [G], -inf for an empty group
+    mass_mu = torch.logsumexp(torch.where(mask, mu, neg_inf), dim=-1)  # [G]
     return DriftDiagnostics(
         kl_behavior_k1=_per_group_mean(-d, mask, math.nan),
         kl_behavior_k3=_per_group_mean(torch.expm1(d) - d, mask, math.nan),
         logratio_correct=_per_group_mean(d, mask & correct, math.nan),
         logratio_wrong=_per_group_mean(d, mask & ~correct, math.nan),
-        log_mass_ratio=_per_group_mean(mass.unsqueeze(-1), has_any.unsqueeze(-1), math.nan),
+        log_mass_ratio=_per_group_mean((mass_pi - mass_mu).unsqueeze(-1), has_any.unsqueeze(-1), math.nan),
         logratio_ref_on_behavior=_per_group_mean(lp - ref, mask, math.nan),
     )

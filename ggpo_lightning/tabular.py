@@ -27,7 +27,7 @@ gradient of a sample once ``|log pi(y) - log mu(y)|`` passes it. The stale colla
 GGPO and its fix reproduce in seconds (``docs/METHOD.md#lab-evidence``)::
 
     ggpo tabular --policy lowrank --prompts 64 --actions 50 --mode stale --sync-every 32 \
-        --objectives ggpo,grpo --beta 0.1 --steps 640 --anchor 0,0.04
+        --objectives ggpo,grpo --beta 0.1 --lr 0.2 --steps 640 --anchor 0,0.04
 
 Besides the registered objectives the lab knows ``naive_pg``, the standard
 "KL-regularized policy gradient" that fails off-policy: the score-function gradient of
@@ -237,7 +237,8 @@ class _Policy(torch.nn.Module):
             self.logits = torch.nn.Parameter(ref_logp.clone())  # [P, A]
         else:
             num_prompts, num_actions = ref_logp.shape
-            self.u = torch.nn.Parameter(torch.randn(num_prompts, rank, generator=generator, dtype=ref_logp.dtype))
+            u = torch.randn(num_prompts, rank, generator=generator, dtype=ref_logp.dtype)  # [P, r]
+            self.u = torch.nn.Parameter(u)
             self.v = torch.nn.Parameter(torch.zeros(num_actions, rank, dtype=ref_logp.dtype))  # [A, r]
 
     def forward(self) -> Tensor:

@@ -177,6 +177,17 @@ def test_offline_training_with_the_anchor_lands_near_the_anchored_optimum():
     assert lab.kl_divergence(run.final_logp, q) < 0.1 * lab.kl_divergence(q, star)
 
 
+def test_logratio_bound_stops_the_gradient_of_samples_beyond_it():
+    p = lab.random_problem(5, 0.5, torch.Generator().manual_seed(2))
+    gap = (p.ref_logp - p.mu_logp).abs()  # the learner starts at pi_ref, so |log pi - log mu| = gap
+    kw = dict(mode="offline", steps=3, groups=64, k=4, log_every=3)
+    frozen = lab.train_tabular(p, "ggpo", logratio_bound=0.5 * float(gap.min()), **kw)
+    assert frozen.kl_to_optimum[-1] == frozen.kl_to_optimum[0]  # every sample is beyond: nothing moves
+    free = lab.train_tabular(p, "ggpo", logratio_bound=2 * float(gap.max()), **kw)
+    assert free.kl_to_optimum[-1] == lab.train_tabular(p, "ggpo", **kw).kl_to_optimum[-1]  # none is: no effect
+    assert free.kl_to_optimum[-1] < free.kl_to_optimum[0]
+
+
 def test_lowrank_problem_and_policy_share_parameters_across_prompts():
     p = lab.lowrank_problem(16, 20, 0.1, torch.Generator().manual_seed(0), rank=3)
     assert p.num_prompts == 16 and p.num_actions == 20
