@@ -12,7 +12,8 @@ beta 0.5, mu != pi_ref): the exact minimiser q of L + lambda * KL(mu || pi)
     OMP_NUM_THREADS=1 python benchmarks/staleness_lab.py --lr 0.2    # about 5 minutes on one core
 
 ``--table beta-scale`` runs only the check that lambda should scale with beta (sync 32,
-beta 0.05 / 0.1 / 0.2, lambda/beta 0 / 0.1 / 0.4 / 1 and lambda = 0.04).
+beta 0.05 / 0.1 / 0.2, lambda/beta 0 / 0.1 / 0.4 / 1 and lambda = 0.04); ``--table
+robustness`` the sync-32 runs with another policy rank, K or number of prompts.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ SETTINGS = {"sync1": ("stale", 1), "sync8": ("stale", 8), "sync32": ("stale", 32
 
 
 def one_run(objective: str, beta: float, anchor: float, bound: float | None, setting: str, seed: int,
-            lr: float, steps: int) -> tuple[float, float, float]:
+            lr: float, steps: int, prompts: int = 64, policy_rank: int = 4, k: int = 8) -> tuple[float, float, float]:
     mode, sync = SETTINGS[setting]
-    problem = lab.lowrank_problem(64, 50, beta, torch.Generator().manual_seed(seed))
-    run = lab.train_tabular(problem, objective, mode=mode, steps=steps, groups=512, k=8, lr=lr, sync_every=sync,
-                            log_every=steps, seed=seed, policy="lowrank", rank=4, anchor=anchor,
+    problem = lab.lowrank_problem(prompts, 50, beta, torch.Generator().manual_seed(seed))  # latent rank 4
+    run = lab.train_tabular(problem, objective, mode=mode, steps=steps, groups=max(512, prompts), k=k, lr=lr,
+                            sync_every=sync, log_every=steps, seed=seed, policy="lowrank", rank=policy_rank,
+                            anchor=anchor,
                             logratio_bound=bound)
     drift = statistics.fmean(run.window_drift) if run.window_drift else run.behavior_kl[-1]
     return run.reward[-1], run.kl_to_optimum[-1], drift
@@ -85,18 +87,36 @@ def beta_scale_rows(seeds: int, lr: float, steps: int) -> None:
         print(f"| {beta:g} | " + " | ".join(cells) + " |")
 
 
+def robustness_rows(seeds: int, lr: float, steps: int) -> None:
+    variants = {"policy rank 2": dict(policy_rank=2), "policy rank 8": dict(policy_rank=8),
+                "policy rank 16": dict(policy_rank=16), "K = 4": dict(k=4), "256 prompts": dict(prompts=256)}
+    print(f"\nsync32, lr {lr}, beta 0.1: final reward (drift per window) when one setting changes, "
+          f"seeds 0-{seeds - 1}\n")
+    print("| variant | λ = 0 | λ = 0.04 |\n|---|---|---|")
+    for name, overrides in variants.items():
+        cells = []
+        for lam in (0.0, 0.04):
+            runs = [one_run("ggpo", 0.1, lam, None, "sync32", seed, lr, steps, **overrides) for seed in range(seeds)]
+            rewards = [r[0] for r in runs]
+            cells.append(f"{statistics.fmean(rewards):.3f} ± {statistics.stdev(rewards):.3f} "
+                         f"({statistics.fmean(r[2] for r in runs):.2f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--table", choices=("all", "grid", "fixed-point", "beta-scale"), default="all")
+    parser.add_argument("--table", choices=("all", "grid", "fixed-point", "beta-scale", "robustness"), default="all")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.table in ("all", "fixed-point"):
         fixed_point_rows(args.seeds)
     if args.table in ("all", "beta-scale"):
         beta_scale_rows(args.seeds, args.lr, args.steps)
+    if args.table in ("all", "robustness"):
+        robustness_rows(args.seeds, args.lr, args.steps)
     if args.table not in ("all", "grid"):
         return
     results = {(label, s): [one_run(o, b, a, bd, s, seed, args.lr, args.steps) for seed in range(args.seeds)]
