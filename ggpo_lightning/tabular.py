@@ -151,8 +151,8 @@ def lowrank_problem(
     behavior of offline data (``mu = pi_ref``: rollouts of the initial model).
     """
     if num_prompts < 1 or num_actions < 2 or rank < 1:
-        raise ValueError(f"need num_prompts >= 1, num_actions >= 2, rank >= 1; got {num_prompts}, "
-                         f"{num_actions}, {rank}")
+        raise ValueError(f"need num_prompts >= 1, num_actions >= 2, rank >= 1; got num_prompts={num_prompts}, "
+                         f"num_actions={num_actions}, rank={rank}")
     m = correct_per_prompt if correct_per_prompt is not None else max(1, num_actions // 10)
     if not 1 <= m < num_actions:
         raise ValueError(f"correct_per_prompt must be in [1, num_actions), got {m}")
@@ -180,6 +180,8 @@ def anchored_optimum(mu_logp: Tensor, target_logp: Tensor, beta: float, anchor: 
     """
     if anchor < 0:
         raise ValueError(f"anchor must be >= 0, got {anchor}")
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
     if anchor == 0:
         return target_logp.clone()
     rho = anchor / beta

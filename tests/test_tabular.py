@@ -103,6 +103,10 @@ def test_bad_arguments():
         lab.train_tabular(lab.lowrank_problem(8, 5, 0.5, torch.Generator()), "ggpo", groups=4)
     with pytest.raises(ValueError, match="anchor must be >= 0"):
         lab.anchored_optimum(p.mu_logp, p.ref_logp, 0.5, -1.0)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        lab.anchored_optimum(p.mu_logp, p.ref_logp, 0.0, 0.1)
+    with pytest.raises(ValueError, match="num_prompts=0"):
+        lab.lowrank_problem(0, 5, 0.5, torch.Generator())
 
 
 def test_cli_prints_per_objective_tables_and_saves_a_plot(tmp_path):
