@@ -90,6 +90,23 @@ def test_bad_arguments():
         lab.train_tabular(p, "ggpo", k=1)
     with pytest.raises(ValueError, match="beta"):
         lab.FiniteProblem(p.rewards, p.ref_logp, p.mu_logp, beta=0.0)
+    with pytest.raises(ValueError, match=r"anchor \(lambda\) must be a finite number >= 0, got -0.1"):
+        lab.train_tabular(p, "ggpo", anchor=-0.1)
+    with pytest.raises(ValueError, match="logratio_bound must be > 0"):
+        lab.train_tabular(p, "ggpo", logratio_bound=0.0)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        lab.train_tabular(p, "ggpo", policy="mlp")
+    # every bad argument is reported at once
+    with pytest.raises(ValueError, match="anchor .*; logratio_bound"):
+        lab.train_tabular(p, "ggpo", anchor=-1, logratio_bound=-1)
+    with pytest.raises(ValueError, match=r"groups must be >= the number of prompts \(8\)"):
+        lab.train_tabular(lab.lowrank_problem(8, 5, 0.5, torch.Generator()), "ggpo", groups=4)
+    with pytest.raises(ValueError, match="anchor must be >= 0"):
+        lab.anchored_optimum(p.mu_logp, p.ref_logp, 0.5, -1.0)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        lab.anchored_optimum(p.mu_logp, p.ref_logp, 0.0, 0.1)
+    with pytest.raises(ValueError, match="num_prompts=0"):
+        lab.lowrank_problem(0, 5, 0.5, torch.Generator())
 
 
 def test_cli_prints_per_objective_tables_and_saves_a_plot(tmp_path):
@@ -108,3 +125,125 @@ def test_cli_rejects_an_unknown_objective():
     result = CliRunner().invoke(main, ["tabular", "--objectives", "ggpo,ppo", "--steps", "1"])
     assert result.exit_code == 2
     assert "unknown ['ppo']" in result.output and "naive_pg" in result.output
+
+
+def exact_anchored_minimiser(p: lab.FiniteProblem, anchor: float) -> torch.Tensor:
+    """Minimise L(pi) + anchor * KL(mu || pi) directly (exact population loss, L-BFGS on logits)."""
+    theta = p.ref_logp.clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([theta], max_iter=500, tolerance_grad=1e-14, tolerance_change=1e-16,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        logp = torch.log_softmax(theta, -1)
+        f = lab.population_loss(logp, p.ref_logp, p.rewards, p.beta, p.mu_logp) + anchor * lab.kl_divergence(
+            p.mu_logp, logp)
+        f.backward()
+        return f
+
+    for _ in range(5):
+        opt.step(closure)
+    return torch.log_softmax(theta.detach(), -1)
+
+
+@pytest.mark.parametrize("anchor", [0.01, 0.1, 0.5, 2.0])
+def test_anchored_optimum_is_the_minimiser_of_loss_plus_anchor(anchor):
+    p = lab.random_problem(6, 0.5, torch.Generator().manual_seed(0))
+    star = lab.gibbs_logp(p.ref_logp, p.rewards, p.beta)
+    q = lab.anchored_optimum(p.mu_logp, star, p.beta, anchor)
+    assert lab.kl_divergence(exact_anchored_minimiser(p, anchor), q) < 1e-12
+    assert lab.kl_divergence(q, star) > 1e-5  # the anchor moved the optimum off pi*
+
+
+def test_anchored_optimum_special_cases():
+    p = lab.random_problem(7, 0.3, torch.Generator().manual_seed(5))
+    star = lab.gibbs_logp(p.ref_logp, p.rewards, p.beta)
+    torch.testing.assert_close(lab.anchored_optimum(p.mu_logp, star, p.beta, 0.0), star)
+    # anchor = beta: rho = 1, the quadratic is q^2 = mu pi* / S, so q ∝ sqrt(mu pi*)
+    geometric = torch.log_softmax((p.mu_logp + star) / 2, -1)
+    torch.testing.assert_close(lab.anchored_optimum(p.mu_logp, star, p.beta, p.beta), geometric)
+    # anchor >> beta: q -> mu (the quadratic becomes rho q (q - mu) = 0)
+    assert lab.kl_divergence(lab.anchored_optimum(p.mu_logp, star, p.beta, 1e4), p.mu_logp) < 1e-6
+    # and small anchors move it by KL(q || pi*) ~ (rho^2 / 2) Var_{pi*}(pi* / mu), rho = anchor / beta
+    ratio = (star - p.mu_logp).exp()
+    var = (star.exp() * ratio**2).sum() - (star.exp() * ratio).sum() ** 2
+    rho = 1e-3 / p.beta
+    small = lab.anchored_optimum(p.mu_logp, star, p.beta, 1e-3)
+    assert lab.kl_divergence(small, star).item() == pytest.approx(0.5 * rho**2 * var.item(), rel=0.1)
+
+
+def test_offline_training_with_the_anchor_lands_near_the_anchored_optimum():
+    p = lab.random_problem(6, 0.5, torch.Generator().manual_seed(0))
+    star = lab.gibbs_logp(p.ref_logp, p.rewards, p.beta)
+    q = lab.anchored_optimum(p.mu_logp, star, p.beta, 0.1)
+    run = lab.train_tabular(p, "ggpo", mode="offline", steps=600, groups=512, k=8, anchor=0.1, log_every=600)
+    # q is the population (K -> infinity) optimum; groups of K = 8 shift the minimiser a little
+    assert lab.kl_divergence(run.final_logp, q) < 0.1 * lab.kl_divergence(q, star)
+
+
+def test_logratio_bound_stops_the_gradient_of_samples_beyond_it():
+    p = lab.random_problem(5, 0.5, torch.Generator().manual_seed(2))
+    gap = (p.ref_logp - p.mu_logp).abs()  # the learner starts at pi_ref, so |log pi - log mu| = gap
+    kw = dict(mode="offline", steps=3, groups=64, k=4, log_every=3)
+    frozen = lab.train_tabular(p, "ggpo", logratio_bound=0.5 * float(gap.min()), **kw)
+    assert frozen.kl_to_optimum[-1] == frozen.kl_to_optimum[0]  # every sample is beyond: nothing moves
+    free = lab.train_tabular(p, "ggpo", logratio_bound=2 * float(gap.max()), **kw)
+    assert free.kl_to_optimum[-1] == lab.train_tabular(p, "ggpo", **kw).kl_to_optimum[-1]  # none is: no effect
+    assert free.kl_to_optimum[-1] < free.kl_to_optimum[0]
+
+
+def test_lowrank_problem_and_policy_share_parameters_across_prompts():
+    p = lab.lowrank_problem(16, 20, 0.1, torch.Generator().manual_seed(0), rank=3)
+    assert p.num_prompts == 16 and p.num_actions == 20
+    assert torch.all(p.rewards.sum(-1) == 2)  # correct_per_prompt = 20 // 10
+    torch.testing.assert_close(p.mu_logp, p.ref_logp)  # offline data are rollouts of the initial model
+    # training on prompt 0 alone (groups=16 but only prompt 0's rewards differ from 0) moves other prompts
+    only_first = lab.FiniteProblem(p.rewards * (torch.arange(16) == 0).double().unsqueeze(-1), p.ref_logp,
+                                   p.mu_logp, p.beta)
+    for policy, moves_others in (("lowrank", True), ("tabular", False)):
+        run = lab.train_tabular(only_first, "ggpo", mode="online", steps=5, groups=16, k=4, policy=policy,
+                                rank=3, log_every=5)
+        moved = (run.final_logp - p.ref_logp).abs().amax(-1)  # [P]
+        assert moved[0] > 1e-3, policy
+        assert bool((moved[1:] > 1e-3).all()) == moves_others, policy
+
+
+def test_stale_shared_policy_collapses_without_the_anchor_and_not_with_it():
+    # docs/METHOD.md#lab-evidence: 64 prompts x 50 answers, rank 4, rollout snapshot synced every 32 steps;
+    # over seeds 0-2 the final reward is 0.58 ± 0.07 without the anchor and 0.98 ± 0.02 with lambda = 0.04
+    p = lab.lowrank_problem(64, 50, 0.1, torch.Generator().manual_seed(0))
+    kw = dict(mode="stale", sync_every=32, steps=640, groups=512, k=8, lr=0.2, policy="lowrank", rank=4,
+              log_every=640, seed=0)
+    plain = lab.train_tabular(p, "ggpo", **kw)
+    anchored = lab.train_tabular(p, "ggpo", anchor=0.04, **kw)
+    assert plain.reward[0] < 0.15  # pi_ref's success rate, about 5 / 50
+    assert plain.reward[-1] < 0.75 < 0.9 < anchored.reward[-1]
+    # the drift KL(mu || pi) over a window: several nats without the anchor, about 1 with it
+    assert max(plain.window_drift) > 3 > 1.5 > max(anchored.window_drift)
+
+
+def test_cli_lowrank_stale_runs_every_anchor_and_reports_drift():
+    result = CliRunner().invoke(main, ["tabular", "--policy", "lowrank", "--prompts", "8", "--actions", "10",
+                                       "--groups", "16", "--mode", "stale", "--sync-every", "4", "--objectives",
+                                       "ggpo", "--beta", "0.1", "--steps", "8", "--anchor", "0,0.04",
+                                       "--log-every", "4"])
+    assert result.exit_code == 0, result.output
+    assert "8 prompt(s) x 10 actions" in result.output
+    assert "ggpo+anchor0: step" in result.output and "ggpo+anchor0.04: step" in result.output
+    drift = result.output.split("drift KL(mu || pi) at window ends, mean/max: ")[1].splitlines()[0]
+    assert drift.startswith("ggpo+anchor0=") and "ggpo+anchor0.04=" in drift
+
+
+@pytest.mark.parametrize(("args", "option", "message"), [
+    (["--anchor", "0,-0.1"], "--anchor", "every lambda must be a finite number >= 0"),
+    (["--anchor", "0,x"], "--anchor", "give comma-separated numbers"),
+    (["--prompts", "4"], "--prompts", "use --policy lowrank for several"),
+    (["--policy", "lowrank", "--prompts", "64", "--groups", "32"], "--groups", "every prompt needs a group"),
+    (["--logratio-bound", "0"], "--logratio-bound", "not in the range x>0"),
+])
+def test_cli_names_the_bad_option(args, option, message):
+    result = CliRunner().invoke(main, ["tabular", "--steps", "1", *args])
+    assert result.exit_code == 2
+    # click quotes the option in its own range errors, not in BadParameter(param_hint=...)
+    assert f"Invalid value for {option}" in result.output.replace("'", ""), result.output
+    assert message in result.output
