@@ -48,12 +48,12 @@ class StepBatch:
 
 
 def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, shared_prefix: bool = False,
-              behavior_logp: bool = False) -> StepBatch:
+              require_behavior_logp: bool = False) -> StepBatch:
     """Pack ``groups`` into a :class:`StepBatch` on ``device``.
 
-    ``shared_prefix`` adds the shared-prefix rows; ``behavior_logp`` the recorded behavior
-    token log-probs (ValueError when a group lacks them, e.g. a buffer file written
-    without ``behavior_logprobs``).
+    ``shared_prefix`` adds the shared-prefix rows. The recorded behavior token log-probs
+    are packed when every group has them; ``require_behavior_logp`` makes their absence
+    a ValueError (e.g. a buffer file written without ``behavior_logprobs``).
     """
     k_max = max(g.k for g in groups)
     prompts = [g.prompt_ids for g in groups for _ in range(g.k)]
@@ -66,11 +66,16 @@ def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, sha
     if shared_prefix:
         batch.packed = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups], pad_id,
                                    device=device)
-    if behavior_logp:
-        flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
-        if len(flat) != len(responses):
-            raise ValueError("the objective needs behavior log-probs, but some groups lack them (a buffer file "
-                             "without behavior_logprobs?)")
+    flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
+    if len(flat) != len(responses) and require_behavior_logp:
+        raise ValueError("the objective needs behavior log-probs, but some groups lack them (a buffer file "
+                         "without behavior_logprobs?)")
+    if len(flat) == len(responses):
+        if sum(len(lp) for lp in flat) != int(target.sum()):
+            bad = next(g.prompt_id for g in groups for ids, lp in zip(g.response_ids, g.behavior_logprobs)
+                       if len(ids) != len(lp))
+            raise ValueError(f"group {bad!r}: behavior_logprobs do not match its response tokens (one log-prob "
+                             "per response token)")
         behavior = torch.zeros(input_ids.shape, device=device)  # [B, L]
         batch.behavior_token_logp = behavior.masked_scatter(target, torch.cat(flat).to(device))
     return batch

@@ -169,11 +169,17 @@ def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dic
     """Each step metric over all ranks, in one all-reduce: counters and throughputs summed, the rest averaged.
 
     Every rank holds the same number of groups, so the mean of the ranks' losses is the
-    loss of the whole step's groups, as on one process.
+    loss of the whole step's groups, as on one process. A NaN ``loss`` on any rank makes the
+    mean NaN on every rank (so all skip the step alike); any other NaN metric (a rank
+    without such responses, e.g. no correct one) is left out of its mean.
     """
     _, world_size = world()
     if world_size == 1:
         return metrics
     names = list(metrics)
-    totals = sum_across_ranks(torch.stack([metrics[n].detach().float().to(device) for n in names]))
-    return {n: total if _summed_metric(n) else total / world_size for n, total in zip(names, totals)}
+    values = torch.stack([metrics[n].detach().float().to(device) for n in names])  # [M]
+    present = ~torch.isnan(values) | torch.tensor([n == "loss" for n in names], device=device)  # [M]
+    totals = sum_across_ranks(torch.cat([torch.where(present, values, torch.zeros_like(values)),
+                                         present.float()]))  # [2M]
+    sums, counts = totals[:len(names)], totals[len(names):]
+    return {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}

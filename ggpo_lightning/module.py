@@ -39,6 +39,7 @@ from ggpo_lightning.batch import ReferenceLogprobCache, StepBatch, batch_token_l
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
 from ggpo_lightning.checkpoint import CHECKPOINT_KEY, RunState, current_rank_state, restore_rank_state
 from ggpo_lightning.distributed import all_gather_objects, reduce_step_metrics, world
+from ggpo_lightning.drift import behavior_anchor, drift_diagnostics
 from ggpo_lightning.evaluation import EvalConfig, accuracy_across_ranks, count_correct, decoding_settings
 from ggpo_lightning.export import Writer, export_targets
 from ggpo_lightning.logprobs import supports_packed
@@ -126,8 +127,10 @@ class GGPOModule(L.LightningModule):
         self.shared_prefix = shared_prefix and supports_packed(model)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        # behavior log-probs recorded with every group: GRPO's ratios and every objective's drift diagnostics
         self.policy = Policy(model, self.tokenizer, lora, self.rollout_config.torch_dtype,
-                             self.rollout_config.sync_every, record_logprobs=self.objective.uses_behavior_logp)
+                             self.rollout_config.sync_every, record_logprobs=True)
+        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.sync_every)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.rollout = GroupRollout(self.policy.engine, self.tokenizer, self.rollout_config, chat_template)
         self.reference_cache = ReferenceLogprobCache()
@@ -224,19 +227,24 @@ class GGPOModule(L.LightningModule):
         self.log("train/loss", metrics.pop("loss"), prog_bar=True, batch_size=len(groups))
         self.log("train/reward", metrics.pop("reward"), prog_bar=True, batch_size=len(groups))
         self.log("train/staleness", metrics.pop("staleness"), prog_bar=True, batch_size=len(groups))
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, batch_size=len(groups))
+        # a NaN here means "no such responses in this step" (e.g. logratio_correct without a correct one): left out
+        self.log_dict({f"train/{k}": v for k, v in metrics.items() if not torch.isnan(v)}, batch_size=len(groups))
         # the step's clock and token count go to on_train_batch_end, which runs after the update
         return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
 
     def pack(self, groups: list[RolloutGroup]) -> StepBatch:
         """The step's groups as tensors on this device (with what the objective needs)."""
         return pack_step(groups, self.tokenizer.pad_token_id, self.device, self.shared_prefix,
-                         behavior_logp=self.objective.uses_behavior_logp)
+                         require_behavior_logp=self.objective.uses_behavior_logp)
 
     def step_loss(self, batch: StepBatch) -> tuple[Tensor, ObjectiveInputs]:
-        """The objective's loss on ``batch`` and the inputs it was computed from."""
+        """The objective's loss on ``batch``, plus ``lambda`` times the behavior anchor when it is on
+        (``docs/METHOD.md#the-behavior-anchor``), and the inputs it was computed from."""
         inputs = self.objective_inputs(batch)
-        return self.objective.loss(inputs, self.objective_config), inputs
+        loss = self.objective.loss(inputs, self.objective_config)
+        if self.anchor_weight:
+            loss = loss + self.anchor_weight * behavior_anchor(inputs.logp, inputs.mask)
+        return loss, inputs
 
     def reference_token_logprobs(self, batch: StepBatch) -> Tensor:
         """Reference token log-probs ``[B, L]`` of the batch (no grad; cached per group until the next refresh)."""
@@ -249,17 +257,19 @@ class GGPOModule(L.LightningModule):
         (and ``[G, K, T]`` for token-level objectives)."""
         token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
         ref_token_logp = self.reference_token_logprobs(batch)  # [B, L]
+        behavior = batch.behavior_token_logp  # [B, L] or None
         inputs = ObjectiveInputs(logp=batch.to_groups(token_logp.sum(-1)), rewards=batch.rewards,  # [G, K]
-                                 mask=batch.group_mask, ref_logp=batch.to_groups(ref_token_logp.sum(-1)))
+                                 mask=batch.group_mask, ref_logp=batch.to_groups(ref_token_logp.sum(-1)),
+                                 behavior_logp=None if behavior is None else batch.to_groups(behavior.sum(-1)))
         if self.objective.level != "token":
             return inputs
-        behavior = batch.behavior_token_logp
         return replace(inputs, token_logp=batch.to_groups(token_logp), token_mask=batch.to_groups(batch.target_mask),
                        ref_token_logp=batch.to_groups(ref_token_logp),  # [G, K, L]
                        behavior_token_logp=None if behavior is None else batch.to_groups(behavior))
 
     def _step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor) -> dict[str, Tensor]:
-        """The step's metrics (``docs/METHOD.md#diagnostics``), reduced over ranks."""
+        """The step's metrics (``docs/METHOD.md#diagnostics``), reduced over ranks. Drift diagnostics need
+        the groups' recorded behavior log-probs (absent only for buffer files written without them)."""
         mask, rewards = inputs.mask, inputs.rewards  # [G, K]
         n = mask.sum().clamp(min=1)
         logp = inputs.logp.detach()  # [G, K]
@@ -268,7 +278,7 @@ class GGPOModule(L.LightningModule):
         metrics = {
             "loss": loss.detach(),
             **ggpo_diagnostics(logp, inputs.ref_logp, rewards, self.objective_config.beta, mask),
-            "kl_ref": ((logp - inputs.ref_logp) * mask).sum() / n,  # sample mean of log pi - log pi_ref
+            "behavior_anchor": behavior_anchor(logp, mask),  # the anchor term itself, whether on or off
             "reward": (rewards * mask).sum() / n,
             "accuracy": ((rewards == 1) & mask).sum() / n,
             "staleness": (self.global_step - batch.versions).float().mean(),
@@ -277,6 +287,8 @@ class GGPOModule(L.LightningModule):
             "generated_samples": torch.tensor(float(self.generated_samples)),  # cumulative: x-axis of efficiency
             **{k: torch.tensor(float(v)) for k, v in verifier_stats.items()},
         }
+        if inputs.behavior_logp is not None:
+            metrics.update(drift_diagnostics(logp, inputs.behavior_logp, inputs.ref_logp, rewards, mask).as_dict())
         return reduce_step_metrics(metrics, self.device)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -411,6 +411,16 @@ class ObjectiveConfig:
     """GRPO's ratio clip, in (0, 1)."""
     kl_estimator: str = "k3"
     """GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``."""
+    behavior_anchor: float | None = None
+    """Weight lambda of the behavior anchor ``lambda * mean(-log pi(y))`` over the behavior's samples
+    (``docs/METHOD.md#the-behavior-anchor``), added to any objective's loss. None = the objective's default:
+    ``anchor_when_stale * beta`` when rollouts can be stale (``rollout.sync_every > 1``), else 0."""
+
+    def anchor_weight(self, sync_every: int) -> float:
+        """The behavior anchor's lambda for rollouts synced every ``sync_every`` updates."""
+        if self.behavior_anchor is not None:
+            return self.behavior_anchor
+        return get_objective(self.name).anchor_when_stale * self.beta if sync_every > 1 else 0.0
 
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""
@@ -422,6 +432,10 @@ class ObjectiveConfig:
             errors.append(f"model.objective.beta must be a finite number > 0, got {self.beta!r}")
         if not 0 < self.clip_eps < 1:
             errors.append(f"model.objective.clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.behavior_anchor is not None and not (math.isfinite(self.behavior_anchor)
+                                                     and self.behavior_anchor >= 0):
+            errors.append(f"model.objective.behavior_anchor must be >= 0 or null (the objective's default), "
+                          f"got {self.behavior_anchor}")
         if self.kl_estimator not in KL_ESTIMATORS:
             errors.append(f"model.objective.kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, "
                           f"got {self.kl_estimator!r}")
@@ -453,6 +467,8 @@ class ObjectiveInputs:
     """``[G, K, T]`` reference token log-probs."""
     behavior_token_logp: Tensor | None = None
     """``[G, K, T]`` behavior token log-probs recorded at rollout time."""
+    behavior_logp: Tensor | None = None
+    """``[G, K]`` behavior sequence log-probs recorded at rollout time (when every group has them)."""
 
 
 @dataclass(frozen=True)
@@ -473,6 +489,8 @@ class Objective:
     uses_reference: bool
     uses_behavior_logp: bool
     summary: str
+    anchor_when_stale: float = 0.0
+    """Default behavior-anchor weight, as a multiple of beta, when rollouts can be stale (0 = none)."""
 
 
 _OBJECTIVES: dict[str, Objective] = {}
@@ -507,7 +525,8 @@ def available_objectives() -> list[str]:
 
 register_objective(Objective(
     "ggpo", lambda x, c: ggpo_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence", True, False,
-    "Gibbs-gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios"))
+    "Gibbs-gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios",
+    anchor_when_stale=1.0))  # docs/METHOD.md#recommended-settings
 register_objective(Objective(
     "agro", lambda x, c: agro_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence", True, False,
     "variance of KL-adjusted rewards over 2*beta (GGPO's quadratic approximation)"))

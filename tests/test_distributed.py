@@ -191,3 +191,31 @@ def test_checkpoints_keep_per_rank_state_and_old_ones_still_load(tiny_model_dir)
     module.generated_samples = 0
     module.on_load_checkpoint({"ggpo": old})
     assert module.generated_samples == 96 and torch.equal(torch.rand(3), expected)
+
+
+def test_step_metrics_reduce_nan_aware_except_the_loss(monkeypatch):
+    """Two ranks simulated: the other rank's values are added by the fake all-reduce."""
+    import math
+
+    from ggpo_lightning import distributed
+
+    nan = float("nan")
+    other = {"loss": 1.0, "reward": 0.5, "logratio_correct": -2.0, "logratio_wrong": nan, "generated_samples": 8.0}
+    mine = {"loss": 3.0, "reward": 0.25, "logratio_correct": nan, "logratio_wrong": nan, "generated_samples": 8.0}
+    names = list(mine)
+
+    def fake_sum(values):  # [2M]: masked values, then presence flags, as the real call lays them out
+        theirs = torch.tensor([other[n] for n in names])
+        present = ~torch.isnan(theirs) | torch.tensor([n == "loss" for n in names])
+        return values + torch.cat([torch.where(present, theirs, torch.zeros_like(theirs)), present.float()])
+
+    monkeypatch.setattr(distributed, "world", lambda: (0, 2))
+    monkeypatch.setattr(distributed, "sum_across_ranks", fake_sum)
+    out = distributed.reduce_step_metrics({n: torch.tensor(v) for n, v in mine.items()}, torch.device("cpu"))
+    assert out["loss"].item() == 2.0 and out["reward"].item() == 0.375
+    assert out["logratio_correct"].item() == -2.0  # only the rank that had correct responses
+    assert math.isnan(out["logratio_wrong"].item())  # none on either rank
+    assert out["generated_samples"].item() == 16.0  # counts add up
+    mine["loss"] = nan  # a NaN loss on one rank is NaN for all: every rank skips the step
+    out = distributed.reduce_step_metrics({n: torch.tensor(v) for n, v in mine.items()}, torch.device("cpu"))
+    assert math.isnan(out["loss"].item())

@@ -413,3 +413,52 @@ def test_validation_does_not_shift_the_rollouts(tiny_model_dir, data_dir):
         trainer.fit(module, datamodule=make_data(data_dir, val_size=4))
         weights.append([p.detach().clone() for p in module.learner.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+def test_the_behavior_anchor_is_on_by_default_only_for_stale_ggpo(tiny_model_dir):
+    stale = RolloutConfig(k=4, sync_every=8, sampling=SamplingConfig(max_new_tokens=3))
+    assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.05
+    assert make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.0  # sync 1
+    assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig("agro")).anchor_weight == 0.0
+    explicit = ObjectiveConfig("agro", behavior_anchor=0.3)
+    assert make_module(tiny_model_dir, rollout=stale, objective=explicit).anchor_weight == 0.3
+    with pytest.raises(ValueError, match="model.objective.behavior_anchor must be >= 0"):
+        make_module(tiny_model_dir, objective=ObjectiveConfig(behavior_anchor=-1.0))
+
+
+def test_the_anchor_adds_lambda_times_the_mean_behavior_nll(tiny_model_dir, tiny_lm):
+    from ggpo_lightning.objectives import ggpo_loss
+
+    _, tok = tiny_lm
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0]),
+              make_group(tok("5+5=")["input_ids"], [enc("10"), enc("2")], [1.0, 0.0])]
+    module = make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.1, behavior_anchor=0.5))
+    loss, inputs = module.step_loss(module.pack(groups))
+    plain = ggpo_loss(inputs.logp, inputs.ref_logp, inputs.rewards, 0.1, inputs.mask)
+    # the anchor: mean over the 2 groups of each group's mean -log pi(y)
+    lp = inputs.logp.detach()
+    anchor = (-(lp[0, :3].mean()) - lp[1, :2].mean()) / 2
+    torch.testing.assert_close(loss.detach(), plain.detach() + 0.5 * anchor)
+
+
+def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_model_dir, data_dir):
+    """Synced every update, the behavior is the learner at rollout time: KL(mu || pi) is 0 up to rounding.
+    Synced every 4 updates with a large step size, the learner moves off the behavior's samples."""
+    logged = {}
+
+    class Recorder(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            for name in ("kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior"):
+                logged.setdefault(name, []).append(float(trainer.logged_metrics[f"train/{name}"]))
+
+    fit(make_module(tiny_model_dir), make_data(data_dir), steps=3, callbacks=[Recorder()])
+    assert all(abs(v) < 1e-4 for v in logged["kl_behavior_k1"] + logged["kl_behavior_k3"] + logged["log_mass_ratio"])
+    assert abs(logged["logratio_ref_on_behavior"][0]) < 1e-4  # learner == reference at the first step
+    logged.clear()
+    stale = RolloutConfig(k=4, sync_every=4, sampling=SamplingConfig(max_new_tokens=3))
+    fit(make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig(behavior_anchor=0.0),
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=5e-2)),
+        make_data(data_dir), steps=4, callbacks=[Recorder()])
+    assert abs(logged["kl_behavior_k1"][0]) < 1e-4  # the first step: nothing has moved yet
+    assert logged["kl_behavior_k3"][3] > 1e-3 and all(v >= 0 for v in logged["kl_behavior_k3"])
