@@ -7,7 +7,7 @@ for free:
 
 - **reference** = the same model with the adapter disabled (``log pi_ref = log pi_W``):
   no second copy of the weights, so the module holds about 1x the base, not 2x;
-- **reference refresh** (GGPO.md section 5) = merge the adapter into the base in place,
+- **reference refresh** (``docs/METHOD.md#reference-refresh``) = merge the adapter into the base in place,
   ``W <- W + s * B A``, and start a fresh adapter (``A`` re-drawn, ``B = 0``). Right after
   it the learner equals the new reference exactly and the KL term restarts from zero,
   as a refresh does in full fine-tuning;

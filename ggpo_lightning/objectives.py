@@ -12,7 +12,8 @@ Every objective averages over the groups that carry signal: groups with fewer th
 two valid responses have nothing to contrast, contribute 0 and are left out of the
 mean. All losses are returned as 0-d tensors and are minimized.
 
-The formulas are those of ``GGPO.md`` (sections 2 and 4). The adjusted reward is
+The formulas are derived in ``docs/METHOD.md`` (``#the-objective``, ``#the-gradient``,
+``#baselines``). The adjusted reward is
 ``a_i = r_i - beta * (log pi_theta(y_i) - log pi_ref(y_i))``.
 """
 

@@ -1,7 +1,8 @@
 """The exact finite-action lab: GGPO's theory made checkable.
 
 A "policy" here is a softmax over ``A`` actions (one action = one whole response), so
-every quantity of GGPO.md section 3 is computable exactly, in float64:
+every quantity of ``docs/METHOD.md`` (``#the-objective``,
+``#why-it-is-safe-off-policy-the-bound-and-coverage``) is computable exactly, in float64:
 
 - the Gibbs policy ``pi*(y) ∝ pi_ref(y) exp(r(y)/beta)`` and its value
   ``J* = beta * log E_{pi_ref}[exp(r/beta)]``;

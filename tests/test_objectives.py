@@ -1,4 +1,4 @@
-"""Objectives against brute-force references, closed-form gradients and GGPO.md's properties."""
+"""Objectives against brute-force references, closed-form gradients and the properties of docs/METHOD.md."""
 
 from __future__ import annotations
 
