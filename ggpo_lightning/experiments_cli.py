@@ -13,19 +13,25 @@ from ggpo_lightning.atomic import atomic_write_text
 @click.command("sweep")
 @click.argument("grid_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print each run's ggpo-train arguments; run nothing.")
-def sweep_command(grid_file: Path, dry_run: bool) -> None:
+@click.option("--shard", default="1/1", show_default=True, metavar="I/N",
+              help="Run only every N-th run starting at the I-th: start `--shard 1/2` and `--shard 2/2` side by side "
+                   "to run a grid on two processes (each with its own runs).")
+def sweep_command(grid_file: Path, dry_run: bool, shard: str) -> None:
     """Run every objective x setting x seed of GRID_FILE, one ggpo-train run after another.
 
     Finished runs (with summary.json) are skipped, so an interrupted sweep continues
     where it stopped. See ggpo_lightning/sweep.py for the grid format.
     """
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise click.UsageError(f"--shard must be I/N with 1 <= I <= N, got {shard!r}")
     from ggpo_lightning.sweep import load_grid, run_grid
 
     try:
         grid = load_grid(grid_file)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    results = run_grid(grid, dry_run=dry_run, echo=click.echo)
+    results = run_grid(grid, dry_run=dry_run, echo=click.echo, shard=(int(index) - 1, int(count)))
     failed = [run.name for run, status in results if status.startswith("failed")]
     click.echo(f"{len(results)} runs: " + ", ".join(
         f"{sum(s == k for _, s in results)} {k}" for k in ("done", "ran", "planned") if any(s == k for _, s in results))

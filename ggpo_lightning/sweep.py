@@ -122,8 +122,11 @@ def _argv(grid: Grid, run: GridRun) -> list[str]:
     return argv
 
 
-def run_grid(grid: Grid, dry_run: bool = False, echo=print) -> list[tuple[GridRun, str]]:
+def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, int] = (0, 1)) -> list[tuple[GridRun, str]]:
     """Run every run of the grid that is not done yet, one after another.
+
+    ``shard = (i, n)`` takes only the runs at positions ``i, i + n, i + 2n, ...`` (0-based), so
+    ``n`` sweeps of one grid can run side by side without sharing a run.
 
     Returns ``(run, status)`` pairs, status one of ``done`` (skipped), ``ran``,
     ``failed (exit N)`` or ``planned`` (dry run). A failed run is reported and the grid
@@ -131,6 +134,8 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print) -> list[tuple[GridRu
     """
     results = []
     for index, run in enumerate(grid.runs, start=1):
+        if (index - 1) % shard[1] != shard[0]:
+            continue
         run_dir = grid.out / run.name
         prefix = f"[{index}/{len(grid.runs)}] {run.name}"
         if (run_dir / "summary.json").is_file():

@@ -264,3 +264,28 @@ def test_load_tokenizer_pads_with_eos_when_there_is_no_pad_token_and_pads_left(t
     with pytest.warns(UserWarning, match="no pad token; padding with its eos token '<eos>'"):
         loaded = load_tokenizer(tmp_path)
     assert loaded.pad_token == "<eos>" and loaded.padding_side == "left"
+
+
+def test_a_target_accuracy_ends_the_warm_up_at_the_first_check_that_reaches_it(tmp_path, monkeypatch):
+    from ggpo_lightning.tasks import tiny_model as module
+
+    checks = iter([0.1, 0.2, 0.6, 0.9])  # the accuracy the warm-up's checks read
+    monkeypatch.setattr(module, "greedy_accuracy", lambda *a, **k: next(checks))
+    config = TinyModelConfig(**{**TINY.__dict__, "sft_steps": 30, "sft_target_accuracy": 0.5, "sft_check_every": 4})
+    record = json.loads((build_tiny_model(tmp_path / "model", config) / "tiny_model.json").read_text())
+    assert record["warmup_steps"] == 12  # checks after steps 4, 8, 12: the third reaches 0.5
+    assert record["warmup_greedy_accuracy"] == 0.9  # the final measurement, after the warm-up
+    never = iter([0.1] * 100)
+    monkeypatch.setattr(module, "greedy_accuracy", lambda *a, **k: next(never))
+    with pytest.warns(UserWarning, match="below sft_target_accuracy 0.5, after all 8 steps; raise tiny_model.sft_steps"):
+        build_tiny_model(tmp_path / "weak", TinyModelConfig(**{**config.__dict__, "sft_steps": 8}))
+
+
+def test_a_build_recorded_before_new_settings_existed_is_still_reused(built):
+    path, _ = built
+    record_path = path / "tiny_model.json"
+    record = json.loads(record_path.read_text())
+    for key in ("sft_target_accuracy", "sft_check_every"):
+        record["config"].pop(key)
+    record_path.write_text(json.dumps(record))
+    assert ensure_tiny_model(path, TINY) == path

@@ -47,6 +47,17 @@ def test_grid_expands_axes_times_seeds(tmp_path, tiny_model_dir):
     assert grid.runs[2].overrides["trainer.max_steps"] == 3  # grid-wide overrides apply to every run
 
 
+def test_shards_split_a_grid_into_disjoint_runs(tmp_path, tiny_model_dir):
+    grid_file = write_grid(tmp_path, tiny_model_dir, seeds=[0, 1, 2])
+    planned = [CliRunner().invoke(main, ["sweep", str(grid_file), "--dry-run", "--shard", f"{i}/2"]) for i in (1, 2)]
+    names = [{line.split(": ")[0].split("] ")[1] for line in p.output.splitlines() if line.startswith("[")}
+             for p in planned]
+    assert names[0] == {"ggpo-sync2-seed0", "ggpo-sync2-seed2", "grpo-sync2-seed1"}
+    assert names[1] == {"ggpo-sync2-seed1", "grpo-sync2-seed0", "grpo-sync2-seed2"}
+    bad = CliRunner().invoke(main, ["sweep", str(grid_file), "--shard", "3/2"])
+    assert bad.exit_code != 0 and "--shard must be I/N" in bad.output
+
+
 @pytest.mark.parametrize("change,message", [
     ({"seeds": []}, "seeds must be a non-empty list"),
     ({"axes": {}}, "axes must map"),

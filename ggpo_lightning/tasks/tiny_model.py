@@ -23,6 +23,7 @@ import random
 import shutil
 import time
 import uuid
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -115,6 +116,13 @@ class TinyModelConfig:
     """Fraction of warm-up targets moved by +-1..3, so the warm model is imperfect, like a base model."""
     sft_seed: int = 12345
     """Seed of the warm-up problems and label noise; keep it apart from the seeds of the RL data."""
+    sft_target_accuracy: float | None = None
+    """Stop the warm-up at the first check (every ``sft_check_every`` steps) whose greedy accuracy on 128
+    held-out warm-up problems reaches this; ``sft_steps`` is then the most steps. The accuracy a fixed number
+    of steps reaches is chaotic in float rounding (the same config gave 56% on one CPU and 15% on another), so
+    a target gives every machine a starting model of about the same strength. None = all ``sft_steps``."""
+    sft_check_every: int = 25
+    """Warm-up steps between two accuracy checks (with ``sft_target_accuracy``)."""
 
     def __post_init__(self) -> None:
         errors = [f"{name} must be an integer >= 1, got {getattr(self, name)!r}"
@@ -129,6 +137,10 @@ class TinyModelConfig:
                 errors.append(f"hidden_size / num_heads must be an even integer, got {self.hidden_size} / {self.num_heads}")
             if self.num_heads % (self.num_kv_heads or self.num_heads):
                 errors.append(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        if self.sft_target_accuracy is not None and not 0 < self.sft_target_accuracy <= 1:
+            errors.append(f"sft_target_accuracy must be in (0, 1] or None, got {self.sft_target_accuracy}")
+        if self.sft_check_every < 1:
+            errors.append(f"sft_check_every must be >= 1, got {self.sft_check_every}")
         if self.sft_steps < 0:
             errors.append(f"sft_steps must be >= 0, got {self.sft_steps}")
         if not self.sft_lr > 0:
@@ -198,8 +210,9 @@ def _warmup_cosine(steps: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / ramp) * 0.5 * (1.0 + math.cos(math.pi * step / max(1, steps)))
 
 
-def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config: TinyModelConfig) -> None:
-    """Supervised warm-up: AdamW with warm-up + cosine schedule, gradient-norm clip 1.0, fresh problems per step."""
+def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config: TinyModelConfig) -> int:
+    """Supervised warm-up: AdamW with warm-up + cosine schedule, gradient-norm clip 1.0, fresh problems per step;
+    with ``sft_target_accuracy``, until a check reaches it. Returns the steps taken."""
     size = config.sft_batch_size
     rows = config.task.problems(config.sft_steps * size, seed=config.sft_seed)
     targets = _noisy_targets(rows, config.sft_label_noise, config.sft_seed)
@@ -208,6 +221,7 @@ def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config
     # accuracy after 1500 steps; with the decay it reached 97%.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(config.sft_steps))
     report_every = max(1, config.sft_steps // 4)
+    held_out = config.task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1)
     start = time.perf_counter()
     model.train()
     for step in range(config.sft_steps):
@@ -221,7 +235,15 @@ def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config
         if (step + 1) % report_every == 0:
             print(f"[tiny-model] warm-up step {step + 1}/{config.sft_steps} loss {loss.item():.3f} "
                   f"({time.perf_counter() - start:.0f}s)", flush=True)
+        if config.sft_target_accuracy is not None and (step + 1) % config.sft_check_every == 0:
+            accuracy = greedy_accuracy(model, tokenizer, held_out)
+            if accuracy >= config.sft_target_accuracy:
+                print(f"[tiny-model] greedy accuracy {accuracy:.3f} >= {config.sft_target_accuracy} after "
+                      f"{step + 1} steps: warm-up done", flush=True)
+                model.eval()
+                return step + 1
     model.eval()
+    return config.sft_steps
 
 
 def _save_atomically(path: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -259,12 +281,16 @@ def build_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     n_parameters = sum(p.numel() for p in model.parameters())
     print(f"[tiny-model] building {path}: {n_parameters:,} parameters, {config.sft_steps} warm-up steps", flush=True)
     start = time.perf_counter()
-    _warm_up(model, tokenizer, config)
+    steps = _warm_up(model, tokenizer, config)
     seconds = time.perf_counter() - start
     accuracy = greedy_accuracy(model, tokenizer, config.task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1))
     print(f"[tiny-model] warm-up took {seconds:.0f}s; greedy accuracy {accuracy:.3f}", flush=True)
     record = {"build_version": _BUILD_VERSION, "config": asdict(config), "n_parameters": n_parameters,
-              "warmup_seconds": round(seconds, 2), "warmup_greedy_accuracy": accuracy}
+              "warmup_steps": steps, "warmup_seconds": round(seconds, 2), "warmup_greedy_accuracy": accuracy}
+    if config.sft_target_accuracy is not None and accuracy < config.sft_target_accuracy:
+        warnings.warn(f"the tiny model's warm-up ended at greedy accuracy {accuracy:.3f}, below "
+                      f"sft_target_accuracy {config.sft_target_accuracy}, after all {config.sft_steps} steps; "
+                      "raise tiny_model.sft_steps", stacklevel=2)
     _save_atomically(path, model, tokenizer, record)
     return path
 
@@ -297,7 +323,9 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
         raise FileExistsError(f"{path} exists but has no {TINY_MODEL_RECORD}, so it is not a tiny model "
                               f"built by ggpo-lightning; delete it or choose another path")
     record = json.loads(record_path.read_text(encoding="utf-8"))
-    differences = _differences({"build_version": record.get("build_version"), **record["config"]},
+    # settings added later than the build take their defaults (the weights they describe are the same)
+    differences = _differences({"build_version": record.get("build_version"), **asdict(TinyModelConfig()),
+                                **record["config"]},
                                {"build_version": _BUILD_VERSION, **asdict(config)})
     if differences:
         raise ValueError(f"the tiny model at {path} was built with another config or by another version of "
