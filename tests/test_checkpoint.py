@@ -1,0 +1,61 @@
+"""The checkpoint schema: round trip, old checkpoints (tests/assets/schema1) resume and load in ggpo eval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from ggpo_lightning.checkpoint import CHECKPOINT_KEY, SCHEMA_VERSION, RunState, learner_weights, read_checkpoint
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "schema1"
+
+
+def test_a_schema_1_checkpoint_reads_into_the_schema():
+    state = RunState.from_dict(read_checkpoint(ASSETS / "step3.ckpt")[CHECKPOINT_KEY])
+    assert state.schema == SCHEMA_VERSION and state.engine_version == 2  # synced at step 2, saved at 3
+    assert state.engine_state is not None and len(state.ranks) == 1 and state.lora is None
+    assert state.ranks[0].generated_samples == 3 * 3 * 3  # 3 steps x 3 prompts x K=3
+    again = RunState.from_dict(state.to_dict())
+    assert again.ranks == state.ranks and again.engine_state is state.engine_state
+
+
+def test_a_newer_schema_is_refused_naming_the_upgrade():
+    state = read_checkpoint(ASSETS / "step3.ckpt")[CHECKPOINT_KEY]
+    with pytest.raises(ValueError, match=f"schema {SCHEMA_VERSION + 1}, newer than .* upgrade ggpo-lightning"):
+        RunState.from_dict({**state, "schema": SCHEMA_VERSION + 1})
+
+
+def test_a_checkpoint_of_the_previous_release_resumes_where_it_would_have_gone(tiny_model_dir, data_dir):
+    """The step-3 checkpoint written by the old GGPOModule, resumed by this code, reaches the old code's
+    uninterrupted step-6 learner (bit for bit on the machine that wrote it; float tolerance elsewhere)."""
+    from ggpo_lightning.data import PromptGroupDataModule
+    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.objectives import ObjectiveConfig
+    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
+
+    torch.manual_seed(0)
+    # the old run had no behavior anchor (now on by default for stale GGPO)
+    module = GGPOModule(str(tiny_model_dir), verifier="numeric", objective=ObjectiveConfig(behavior_anchor=0.0),
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2), ref_refresh_every=3,
+                        rollout=RolloutConfig(k=3, sync_every=2, sampling=SamplingConfig(max_new_tokens=3)))
+    data = PromptGroupDataModule(str(data_dir / "train.jsonl"), str(data_dir / "test.jsonl"), prompts_per_step=3,
+                                 buffer_capacity=50, buffer_draw="uniform")
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        enable_checkpointing=False)
+    trainer.fit(module, datamodule=data, ckpt_path=str(ASSETS / "step3.ckpt"))
+    assert trainer.global_step == 6 and module.generated_samples == 6 * 3 * 3
+    expected = torch.load(ASSETS / "step6_learner.pt", weights_only=True)
+    for name, value in module.learner.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_ggpo_eval_loads_the_learner_of_an_old_checkpoint(tiny_model_dir):
+    from ggpo_lightning.evaluation import load_model
+
+    model, _ = load_model(ASSETS / "step3.ckpt", base_model=str(tiny_model_dir))
+    saved = learner_weights(read_checkpoint(ASSETS / "step3.ckpt"))
+    assert saved and all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
