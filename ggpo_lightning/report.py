@@ -21,9 +21,9 @@ from pathlib import Path
 from ggpo_lightning.atomic import atomic_write_bytes
 from ggpo_lightning.sweep import RUN_LABELS
 
-__all__ = ["Run", "collect_runs", "markdown_table", "plot_curves"]
+__all__ = ["Run", "collect_runs", "drift_table", "markdown_table", "plot_curves"]
 
-OBJECTIVE_ORDER = ("ggpo", "agro", "grpo", "maxrl")
+OBJECTIVE_ORDER = ("ggpo", "ggpo_anchor", "agro", "grpo", "maxrl")
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Run:
     """``(generated samples so far, val/accuracy)``."""
     reward: list[tuple[int, float]] = field(default_factory=list)
     """``(optimizer step, train/reward)``."""
+    drift: list[tuple[int, float]] = field(default_factory=list)
+    """``(optimizer step, train/kl_behavior_k1)``: KL(mu || pi) on the step's behavior samples."""
 
 
 def _float(value: str | None) -> float | None:
@@ -56,13 +58,15 @@ def _read_run(path: Path) -> Run:
     labels = json.loads((path / RUN_LABELS).read_text()) if (path / RUN_LABELS).is_file() else {}
     with open(metrics, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    accuracy, reward, by_samples = [], [], []
+    accuracy, reward, by_samples, drift = [], [], [], []
     samples = 0.0
     for row in rows:
         step = int(row["step"])
         samples = _float(row.get("train/generated_samples")) or samples
         if (r := _float(row.get("train/reward"))) is not None:
             reward.append((step, r))
+        if (d := _float(row.get("train/kl_behavior_k1"))) is not None:
+            drift.append((step, d))
         if (a := _float(row.get("val/accuracy"))) is not None:
             accuracy.append((step + 1, a))  # logged after the update of `step`: step + 1 updates done
             by_samples.append((samples, a))
@@ -83,6 +87,7 @@ def _read_run(path: Path) -> Run:
         accuracy=accuracy,
         accuracy_by_samples=by_samples,
         reward=reward,
+        drift=drift,
     )
 
 
@@ -117,24 +122,41 @@ def _mean_std(values: list[float]) -> str:
     return f"{100 * mean:.1f} ± {100 * std:.1f} (n={len(values)})"
 
 
-def markdown_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
-    """Final held-out accuracy in percent, mean ± sample std over seeds; objectives x settings."""
+def _table(runs: list[Run], settings_order: list[str] | None, value, cell) -> str:
     objectives = _ordered({r.objective for r in runs}, OBJECTIVE_ORDER)
     settings = settings_order or _ordered({r.setting for r in runs})
     lines = ["| objective | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
     for objective in objectives:
-        cells = [_mean_std([r.final_accuracy for r in runs if r.objective == objective and r.setting == s
-                            and r.final_accuracy is not None]) for s in settings]
+        cells = [cell([v for r in runs if r.objective == objective and r.setting == s
+                       and (v := value(r)) is not None]) for s in settings]
         lines.append(f"| {objective} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float]]:
-    """Mean over seeds at the x values all curves share (runs of one cell log at the same steps)."""
+def markdown_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
+    """Final held-out accuracy in percent, mean ± sample std over seeds; objectives x settings."""
+    return _table(runs, settings_order, lambda r: r.final_accuracy, _mean_std)
+
+
+def drift_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
+    """KL(mu || pi) in nats (``train/kl_behavior_k1``) averaged over each run's steps, mean ± sample std over
+    seeds; objectives x settings ("–" for runs that logged no drift)."""
+    def cell(values: list[float]) -> str:
+        if not values:
+            return "–"
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.3f} ± {std:.3f}"
+
+    return _table(runs, settings_order, lambda r: statistics.fmean(d for _, d in r.drift) if r.drift else None, cell)
+
+
+def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float]]:
+    """Mean and sample std over seeds at the x values all curves share (runs of one cell log at the same
+    steps); std 0 for a single curve."""
     shared = set.intersection(*(set(x for x, _ in c) for c in curves)) if curves else set()
     xs = sorted(shared)
-    ys = [statistics.fmean(dict(c)[x] for c in curves) for x in xs]
-    return xs, ys
+    values = [[dict(c)[x] for c in curves] for x in xs]
+    return xs, [statistics.fmean(v) for v in values], [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
 
 
 def _smooth(points: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
@@ -147,9 +169,10 @@ def _smooth(points: list[tuple[int, float]], window: int) -> list[tuple[int, flo
 
 def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: list[str] | None = None,
                 reward_window: int = 25) -> list[Path]:
-    """Three PNGs, one panel per setting and one line per objective (mean over seeds):
-    held-out accuracy vs optimizer steps, vs generated samples, and training reward vs
-    steps (moving average over ``reward_window`` steps). Written atomically."""
+    """Four PNGs, one panel per setting and one line per objective (mean over seeds, a band of ± one std):
+    held-out accuracy vs optimizer steps, vs generated samples, training reward vs steps and
+    the drift KL(mu || pi) vs steps (both moving averages over ``reward_window`` steps).
+    Written atomically."""
     try:
         import matplotlib
 
@@ -165,19 +188,23 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
         "accuracy_vs_steps.png": ("accuracy", "optimizer steps", "held-out accuracy"),
         "accuracy_vs_samples.png": ("accuracy_by_samples", "generated samples", "held-out accuracy"),
         "reward_vs_steps.png": ("reward", "optimizer steps", f"train reward ({reward_window}-step mean)"),
+        "drift_vs_steps.png": ("drift", "optimizer steps", f"KL(mu || pi), nats ({reward_window}-step mean)"),
     }
     written = []
     cols = min(len(settings), 3)
     rows = math.ceil(len(settings) / cols)
     for filename, (attr, xlabel, ylabel) in figures.items():
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False, sharey=True)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False,
+                                 sharey=attr != "drift")
         for ax, setting in zip(axes.flat, settings):
             for objective in objectives:
                 curves = [getattr(r, attr) for r in runs if r.setting == setting and r.objective == objective]
-                curves = [(_smooth(c, reward_window) if attr == "reward" else c) for c in curves if c]
+                curves = [(_smooth(c, reward_window) if attr in ("reward", "drift") else c) for c in curves if c]
                 if curves:
-                    xs, ys = _mean_curve(curves)
-                    ax.plot(xs, ys, label=f"{objective} (n={len(curves)})")
+                    xs, ys, spread = _mean_curve(curves)
+                    line, = ax.plot(xs, ys, label=f"{objective} (n={len(curves)})")
+                    ax.fill_between(xs, [y - s for y, s in zip(ys, spread)], [y + s for y, s in zip(ys, spread)],
+                                    color=line.get_color(), alpha=0.15, linewidth=0)
             ax.set(title=setting, xlabel=xlabel, ylabel=ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -94,6 +94,7 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
         assert [step for step, _ in run.accuracy] == [0, 2, 3]  # before training, at step 2, after
         assert run.final_accuracy == json.loads((run.path / "summary.json").read_text())["accuracy_after"]
         assert len(run.reward) == 3 and run.accuracy_by_samples[-1][0] > 0
+        assert len(run.drift) == 3  # KL(mu || pi) logged at every step
 
     unfinished = out / "ggpo-sync2-seed0" / "summary.json"
     saved = unfinished.read_text()
@@ -110,7 +111,8 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
     assert "not-a-run: no metrics.csv" in report.output
     assert "| ggpo |" in report.output and "| grpo |" in report.output
     assert {p.name for p in (tmp_path / "report").iterdir()} == {
-        "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png"}
+        "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png", "drift_vs_steps.png"}
+    assert "KL(mu || pi)" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
@@ -121,3 +123,13 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     table = markdown_table(runs, ["sync1", "offline"])
     assert "| ggpo | 60.0 ± 10.0 (n=3) | – |" in table
     assert "| grpo | – | 25.0 ± 0.0 (n=1) |" in table
+
+
+def test_drift_table_and_curves_carry_the_spread_over_seeds(tmp_path):
+    from ggpo_lightning.report import Run, _mean_curve, drift_table
+
+    runs = [Run(tmp_path, "ggpo", "sync8", s, 0.5, drift=[(0, d), (1, 3 * d)]) for s, d in enumerate([0.1, 0.2, 0.3])]
+    # per-run means 0.2, 0.4, 0.6 -> mean 0.4, sample std 0.2
+    assert "| ggpo | 0.400 ± 0.200 |" in drift_table(runs)
+    xs, mean, std = _mean_curve([[(0, 1.0), (1, 2.0)], [(0, 3.0), (1, 2.0)], [(1, 5.0)]])
+    assert xs == [1] and mean == [3.0] and std == [pytest.approx(3 ** 0.5)]  # x = 0 is not shared by all
