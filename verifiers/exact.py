@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ggpo_verifiers.base import GoldAnswerError, Verifier
-from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer, normalize_latex_answer
+from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer, has_box, normalize_latex_answer
 from ggpo_verifiers.registry import register_verifier
 
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -70,6 +70,9 @@ class ExactVerifier(Verifier):
         if answer is None and len(response) <= self.max_answer_chars:
             answer = response.strip() or None
         return answer
+
+    def unboxed(self, response: str, answer: str | None) -> bool:
+        return not has_box(response[-self.tail_chars :])
 
     def check(self, answer: str, gold: str) -> bool:
         return normalize_text(answer, self.case_sensitive) == normalize_text(gold, self.case_sensitive)
@@ -147,6 +150,9 @@ class NumericVerifier(Verifier):
 
     def extract(self, response: str) -> str | None:
         return final_answer(response, self.fallbacks, self.tail_chars, self.max_answer_chars)
+
+    def unboxed(self, response: str, answer: str | None) -> bool:
+        return not has_box(response[-self.tail_chars :])
 
     def check(self, answer: str, gold: str) -> bool | None:
         gold_value = self._gold_value(gold)

@@ -1,9 +1,13 @@
 """``math``: final-answer equivalence for competition-style math, via math-verify + sympy.
 
-Extraction (in the trainer process, see ``ggpo_verifiers.extract``): the last
-``\\boxed{...}`` with brace matching, else the configured fallbacks ("the answer is ...",
-then the last number). Answers longer than ``max_answer_chars`` or nested deeper than
-``max_answer_depth`` are unparseable before any parser sees them.
+Extraction: the last ``\\boxed{...}`` with brace matching, found in the trainer process
+(see ``ggpo_verifiers.extract``). Without a box, the last ``max_answer_chars`` of the
+response go to the worker, whose fallback rules find the answer there (default
+``"math_verify"``: math-verify's own extraction, "final answer is", "answer:", the last
+``$...$``/``\\(...\\)``/``\\[...\\]`` or plain number, but never a number that is part of a
+LaTeX expression; see ``ggpo_verifiers.equivalence.find_answer``). Answers (or unboxed
+text) longer than ``max_answer_chars`` or nested deeper than ``max_answer_depth`` are
+unparseable before any parser sees them.
 
 Equivalence (in a worker, see ``ggpo_verifiers.equivalence``): both sides are parsed as
 LaTeX (plain numbers and expressions such as ``1/2`` or ``3x+2`` are valid LaTeX) and
@@ -33,8 +37,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ggpo_verifiers.base import Verifier
-from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer
+from ggpo_verifiers.extract import FALLBACK_RULES, UNBOXED, has_box, last_boxed, nesting_depth, unboxed_text
 from ggpo_verifiers.registry import register_verifier
+
+MATH_FALLBACKS = ("math_verify", *FALLBACK_RULES)
+"""The fallback rules ``MathVerifier`` knows: ``"math_verify"`` and the string rules."""
 
 
 @register_verifier("math")
@@ -42,9 +49,11 @@ class MathVerifier(Verifier):
     """Math answer checker (1.0 if the final answer equals the gold, else 0.0).
 
     Args:
-        fallbacks: Extraction rules tried in order when the response has no
-            ``\\boxed{}``: ``"answer_phrase"`` ("the answer is ...") and/or
-            ``"last_number"``. ``()`` requires a box.
+        fallbacks: Extraction rules tried in order, in the worker, when the response
+            has no ``\\boxed{}``: ``"math_verify"`` (math-verify's extraction minus
+            numbers taken from inside LaTeX), ``"answer_phrase"`` ("the answer is
+            ...") and ``"last_number"`` (see ``ggpo_verifiers.extract``). ``()``
+            requires a box.
         float_rounding: Decimal places to which floats are compared.
         max_answer_chars: Longer extracted answers are unparseable.
         max_answer_depth: Answers nested deeper than this many brackets are unparseable.
@@ -55,7 +64,7 @@ class MathVerifier(Verifier):
     def __init__(
         self,
         *,
-        fallbacks: Sequence[str] = FALLBACKS,
+        fallbacks: Sequence[str] = ("math_verify",),
         float_rounding: int = 6,
         max_answer_chars: int = 1000,
         max_answer_depth: int = 32,
@@ -63,20 +72,41 @@ class MathVerifier(Verifier):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.fallbacks = checked_fallbacks(fallbacks)
+        unknown = [rule for rule in fallbacks if rule not in MATH_FALLBACKS]
+        if unknown:
+            raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {unknown}; choose from {list(MATH_FALLBACKS)}")
+        self.fallbacks = tuple(fallbacks)
         self.float_rounding = float_rounding
         self.max_answer_chars = max_answer_chars
         self.max_answer_depth = max_answer_depth
         self.tail_chars = tail_chars
 
     def extract(self, response: str) -> str | None:
-        return final_answer(
-            response, self.fallbacks, self.tail_chars, self.max_answer_chars, self.max_answer_depth
-        )
+        """The content of the last box, else (with fallbacks) ``UNBOXED`` + the end of
+        the response for the worker to search; None if neither is usable."""
+        tail = response[-self.tail_chars :]
+        boxed = last_boxed(tail)
+        if boxed is not None:
+            answer, prefix = boxed.strip(), ""
+        elif self.fallbacks:
+            answer, prefix = unboxed_text(tail, self.max_answer_chars).strip(), UNBOXED
+        else:
+            return None
+        if not answer or len(answer) > self.max_answer_chars or nesting_depth(answer) > self.max_answer_depth:
+            return None
+        return prefix + answer
+
+    def unboxed(self, response: str, answer: str | None) -> bool:
+        if answer is not None:
+            return answer.startswith(UNBOXED)
+        return not has_box(response[-self.tail_chars :])
 
     def check(self, answer: str, gold: str) -> bool | None:
+        """``answer`` is a box's content, or ``UNBOXED`` + response text to search."""
         from ggpo_verifiers.equivalence import equivalent
 
+        if answer.startswith(UNBOXED):
+            return equivalent(answer[len(UNBOXED) :], gold, self.float_rounding, self.fallbacks)
         return equivalent(answer, gold, self.float_rounding)
 
     def check_gold(self, gold: str) -> None:

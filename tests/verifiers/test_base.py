@@ -38,7 +38,10 @@ def test_statuses_and_stats() -> None:
     assert logged["verifier/crashed"] == 3 and logged["verifier/total"] == 6
     assert set(logged) == {
         f"verifier/{key}"
-        for key in ("correct", "wrong", "unparseable", "timeout", "crashed", "bad_gold", "cache_hits", "total", "accuracy")
+        for key in (
+            "correct", "wrong", "unparseable", "timeout", "crashed", "bad_gold", "cache_hits", "unboxed", "total",
+            "accuracy", "unboxed_share",
+        )
     }
 
 
