@@ -47,9 +47,11 @@ _REPEATING_RE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 # Context that makes a number part of a larger expression: right after "^", "_", "{", a
 # command ("\frac13", "\sqrt 3", "\sqrt[3]") or an operator with an operand before it
-# ("x + 3", "x - 3"); right before "^", "_", "!", a brace, or an operator with an
+# ("x + 3", "x - 3", "2 + 3"; a word is no operand: "is -5"); right before "^", "_", "!", a brace, or an operator with an
 # operand after it ("10^{3}", "5!", "1 + x").
-_EXPRESSION_BEFORE_RE = re.compile(r"(?:[\^_{]|\\[A-Za-z]+\s*\[?|[\w)}]\s*[-+*/×÷])\s*$")
+_EXPRESSION_BEFORE_RE = re.compile(
+    r"(?:[\^_{]|\\[A-Za-z]+\s*\[?|(?:(?<![A-Za-z\\])[A-Za-z]|\\[A-Za-z]+|[\d)}])\s*[-+*/×÷])\s*$"
+)
 _EXPRESSION_AFTER_RE = re.compile(r"\s*(?:[\^_{}!]|[-+*/×÷]\s*[\w\\({])")
 _OPENERS = "{[("
 _CLOSERS = "}])"
@@ -136,7 +138,7 @@ def part_of_expression(text: str, start: int, end: int) -> bool:
     """Whether the number ``text[start:end]`` is part of a larger expression, so that
     taking it alone would be a guess: it follows ``^``, ``_``, ``{``, a command or an
     operator with an operand before it (``x^3``, ``a_{3}``, ``\\frac13``, ``\\sqrt 3``,
-    ``x + 3``, ``x - 3``), or precedes ``^``, ``_``, ``!``, a brace or an operator with
+    ``x + 3``, ``x - 3``, but not ``is -5``), or precedes ``^``, ``_``, ``!``, a brace or an operator with
     an operand after it (``10^{3}``, ``5!``, ``1 + x``). A leading minus sign counts as
     an operator. Looks at 40 characters on each side: bounded work."""
     if text.startswith("-", start):
