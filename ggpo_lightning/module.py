@@ -72,7 +72,7 @@ class RolloutConfig:
 def _summed_metric(name: str) -> bool:
     """Metrics that add up over ranks (sample counts, verifier outcome counts, throughput); the rest are means."""
     return name in ("generated_samples", "rollout_tokens_per_s") or (
-        name.startswith("verifier/") and name != "verifier/accuracy")
+        name.startswith("verifier/") and name not in ("verifier/accuracy", "verifier/unboxed_share"))
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
