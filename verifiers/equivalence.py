@@ -7,10 +7,11 @@ module as text: ``str()`` of a sympy object can run ``evalf`` and hang.
 
 Answers in a box are parsed as LaTeX only. Responses without a box go through
 ``find_answer``: math-verify's LaTeX and plain-expression extraction (same regexes, same
-priorities) with one added rule for precision. math-verify's plain-expression
+priorities) with two added rules for precision. math-verify's plain-expression
 extraction hands a matched expression to ``sympy.parse_expr``, which is ``eval``; its
 regex admits only digits, ``.``, spaces, ``+-*/^()`` and ``×÷``, so no Python name can
-be formed, and ``_safe_expression`` checks that again before each call.
+be formed, and ``_usable_expression`` checks before each call that the expression holds
+nothing but digits, ``.``, spaces and ``+-*/^()``.
 """
 
 from __future__ import annotations
@@ -28,20 +29,27 @@ from sympy import Basic, I, MatrixBase
 from ggpo_verifiers.base import GoldAnswerError
 from ggpo_verifiers.extract import (
     FALLBACK_RULES,
+    MATH_VERIFY,
     container_kind,
-    part_of_expression,
     normalize_latex_answer,
+    part_of_expression,
 )
 
 _LATEX_ONLY = [LatexExtractionConfig()]
-# Boxes are the parent's job (a response reaching find_answer has no balanced box).
-_UNBOXED_TARGETS = get_extraction_regexes(
-    [LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()]
+# math-verify's extraction patterns as (priority, pattern, config), by priority. Boxes
+# are the parent's job: a response reaching find_answer has no balanced box.
+_UNBOXED_PATTERNS = sorted(
+    (
+        (priority, pattern, config)
+        for regexes, config in get_extraction_regexes(
+            [LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()]
+        )
+        for pattern, priority in regexes
+    ),
+    key=lambda item: item[0],
 )
 _SAFE_EXPRESSION_RE = re.compile(r"[\d.\s+\-*/^()]*")
 _NUMBER_GROUP_RE = re.compile(r"expr|integer\d|decimal\d")
-MATH_VERIFY = "math_verify"
-"""Name of the fallback rule that runs math-verify's extraction in the worker."""
 
 
 def silence_math_verify() -> None:
@@ -122,28 +130,26 @@ def find_answer(text: str, rules: Sequence[str] = (MATH_VERIFY,)) -> tuple[list,
 
 def math_verify_answer(text: str) -> tuple[list, str] | None:
     """math-verify's extraction (its ``parse`` with the LaTeX and expression configs,
-    boxes left out), stricter on one point: a plain number that is part of a larger
+    boxes left out), stricter on two points: a plain number that is part of a larger
     expression is skipped (the ``10`` of ``10^{3}``, the ``3`` of ``\\sqrt 3`` or
     ``x + 3``, the ``5`` of ``5!``; see ``extract.part_of_expression``), where
-    math-verify takes it. A comma is never a decimal mark.
+    math-verify takes it; and a comma is never a decimal mark (``2,74`` is skipped).
 
     Candidates are tried by math-verify's priorities ("final answer is" first, then
     "answer:", then any ``$...$``, ``\\(...\\)``, ``\\[...\\]``, fraction or number), the
-    right-most first within a priority; the first that parses wins.
+    right-most first within a priority; the first that parses wins. An error while
+    parsing a candidate means no answer (math-verify's ``parse`` returns ``[]`` then).
     """
-    patterns = [
-        (pattern, target, priority)
-        for regexes, target in _UNBOXED_TARGETS
-        for pattern, priority in regexes
-    ]
-    patterns.sort(key=lambda item: item[2])
-    for _, group in groupby(patterns, key=lambda item: item[2]):
-        matches = [(match, target) for pattern, target, _ in group for match in pattern.finditer(text)]
+    for _, group in groupby(_UNBOXED_PATTERNS, key=lambda item: item[0]):
+        matches = [(match, config) for _, pattern, config in group for match in pattern.finditer(text)]
         matches.sort(key=lambda item: (item[0].end(), -item[0].start()), reverse=True)
-        for match, target in matches:
-            if isinstance(target, ExprExtractionConfig) and not _usable_expression(text, match):
+        for match, config in matches:
+            if isinstance(config, ExprExtractionConfig) and not _usable_expression(text, match):
                 continue
-            parsed, answer = extract_match(match, target)
+            try:
+                parsed, answer = extract_match(match, config)
+            except Exception:  # as math-verify's parse: an error means no answer
+                return None
             if parsed is not None:
                 return [_imaginary_unit(parsed), answer], answer
     return None

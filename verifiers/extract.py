@@ -149,6 +149,10 @@ def part_of_expression(text: str, start: int, end: int) -> bool:
     )
 
 
+MATH_VERIFY = "math_verify"
+"""Name of the ``math`` verifier's fallback rule that runs math-verify's extraction in
+the worker (``ggpo_verifiers.equivalence.math_verify_answer``)."""
+
 UNBOXED = "\n[unboxed]\n"
 """Prefix of an extracted "answer" that is response text without a box, whose answer
 the worker extracts. A box's content is stripped, so it never starts with a line break."""
@@ -191,11 +195,11 @@ FALLBACKS = tuple(FALLBACK_RULES)
 """Default fallbacks: all of them, in this order."""
 
 
-def checked_fallbacks(fallbacks: Sequence[str]) -> tuple[str, ...]:
-    """``fallbacks`` as a tuple; ValueError naming the unknown rules if any."""
-    unknown = set(fallbacks) - set(FALLBACK_RULES)
+def checked_fallbacks(fallbacks: Sequence[str], known: Sequence[str] = FALLBACKS) -> tuple[str, ...]:
+    """``fallbacks`` as a tuple; ValueError naming the rules not in ``known`` if any."""
+    unknown = set(fallbacks) - set(known)
     if unknown:
-        raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {sorted(unknown)}; choose from {list(FALLBACKS)}")
+        raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {sorted(unknown)}; choose from {list(known)}")
     return tuple(fallbacks)
 
 

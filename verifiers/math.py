@@ -5,9 +5,10 @@ Extraction: the last ``\\boxed{...}`` with brace matching, found in the trainer 
 response go to the worker, whose fallback rules find the answer there (default
 ``"math_verify"``: math-verify's own extraction, "final answer is", "answer:", the last
 ``$...$``/``\\(...\\)``/``\\[...\\]`` or plain number, but never a number that is part of a
-LaTeX expression; see ``ggpo_verifiers.equivalence.find_answer``). Answers (or unboxed
+larger expression; see ``ggpo_verifiers.equivalence.find_answer``). Answers (or unboxed
 text) longer than ``max_answer_chars`` or nested deeper than ``max_answer_depth`` are
-unparseable before any parser sees them.
+unparseable before any parser sees them. ``stats.unboxed`` counts responses without a
+box.
 
 Equivalence (in a worker, see ``ggpo_verifiers.equivalence``): both sides are parsed as
 LaTeX (plain numbers and expressions such as ``1/2`` or ``3x+2`` are valid LaTeX) and
@@ -26,7 +27,10 @@ intervals with their open/closed ends, equations and inequalities (``x > 2`` equ
   ``\\pi/6``); ``x = 3`` equals ``3``; the letter ``i`` is the imaginary unit;
 * a bare list ``1, 2`` equals the set ``\\{1, 2\\}``; an explicit set never equals a tuple
   or interval;
-* several adjacent boxes form one answer: ``\\boxed{3} or \\boxed{4}`` matches neither.
+* several adjacent boxes form one answer: ``\\boxed{3} or \\boxed{4}`` matches neither;
+* without a box, precision before recall: a digit inside a fraction, power, root,
+  subscript or factorial is never the answer (``x^3`` is not 3), and a comma is never a
+  decimal mark (see "Without a box" in ``verifiers/README.md``).
 
 Known disagreements with mathematical truth are listed in ``verifiers/README.md``.
 """
@@ -37,11 +41,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from ggpo_verifiers.base import Verifier
-from ggpo_verifiers.extract import FALLBACK_RULES, UNBOXED, has_box, last_boxed, nesting_depth, unboxed_text
+from ggpo_verifiers.extract import (
+    FALLBACK_RULES,
+    MATH_VERIFY,
+    UNBOXED,
+    checked_fallbacks,
+    has_box,
+    last_boxed,
+    nesting_depth,
+    unboxed_text,
+)
 from ggpo_verifiers.registry import register_verifier
 
-MATH_FALLBACKS = ("math_verify", *FALLBACK_RULES)
-"""The fallback rules ``MathVerifier`` knows: ``"math_verify"`` and the string rules."""
+MATH_FALLBACKS = (MATH_VERIFY, *FALLBACK_RULES)
+"""The fallback rules ``MathVerifier`` knows: ``"math_verify"`` and the string rules of
+``ggpo_verifiers.extract`` (opt-in)."""
 
 
 @register_verifier("math")
@@ -50,13 +64,15 @@ class MathVerifier(Verifier):
 
     Args:
         fallbacks: Extraction rules tried in order, in the worker, when the response
-            has no ``\\boxed{}``: ``"math_verify"`` (math-verify's extraction minus
-            numbers taken from inside LaTeX), ``"answer_phrase"`` ("the answer is
-            ...") and ``"last_number"`` (see ``ggpo_verifiers.extract``). ``()``
+            has no ``\\boxed{}``: ``"math_verify"`` (math-verify's extraction, minus
+            numbers taken out of larger expressions), ``"answer_phrase"`` ("the answer
+            is ...") and ``"last_number"`` (see ``ggpo_verifiers.extract``). ``()``
             requires a box.
         float_rounding: Decimal places to which floats are compared.
-        max_answer_chars: Longer extracted answers are unparseable.
-        max_answer_depth: Answers nested deeper than this many brackets are unparseable.
+        max_answer_chars: Longer extracted answers are unparseable; without a box,
+            the worker searches this many last characters of the response.
+        max_answer_depth: Answers (and unboxed text) nested deeper than this many
+            brackets are unparseable.
         tail_chars: Only the last this many characters of a response are searched.
         **kwargs: Pool settings of ``Verifier`` (timeout, workers, ...).
     """
@@ -64,7 +80,7 @@ class MathVerifier(Verifier):
     def __init__(
         self,
         *,
-        fallbacks: Sequence[str] = ("math_verify",),
+        fallbacks: Sequence[str] = (MATH_VERIFY,),
         float_rounding: int = 6,
         max_answer_chars: int = 1000,
         max_answer_depth: int = 32,
@@ -72,10 +88,7 @@ class MathVerifier(Verifier):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        unknown = [rule for rule in fallbacks if rule not in MATH_FALLBACKS]
-        if unknown:
-            raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {unknown}; choose from {list(MATH_FALLBACKS)}")
-        self.fallbacks = tuple(fallbacks)
+        self.fallbacks = checked_fallbacks(fallbacks, MATH_FALLBACKS)
         self.float_rounding = float_rounding
         self.max_answer_chars = max_answer_chars
         self.max_answer_depth = max_answer_depth

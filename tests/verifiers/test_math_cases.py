@@ -340,3 +340,15 @@ def test_mathematical_truth(scores, response: str, gold: str, expected: int) -> 
 @pytest.mark.parametrize(("response", "gold", "expected", "policy"), POLICY, ids=[f"{p[3][:30]}:{p[1]}" for p in POLICY])
 def test_documented_policy(scores, response: str, gold: str, expected: int, policy: str) -> None:
     assert scores[(response, gold)] == expected, policy
+
+
+def test_string_fallbacks_are_opt_in_and_run_in_the_worker() -> None:
+    from ggpo_verifiers import MathVerifier
+
+    responses = [r"$\frac13$", "3 + 4 = 7", "The answer is 12x + 3."]
+    golds = ["1/3", "7", "12x+3"]
+    with MathVerifier(fallbacks=("last_number",), workers=1) as last_number:
+        # no number outside an expression in "\frac13"; "12x + 3" has none standing alone
+        assert last_number.score_batch(responses, golds) == [0.0, 1.0, 0.0]
+    with MathVerifier(fallbacks=("answer_phrase", "last_number"), workers=1) as both:
+        assert both.score_batch(responses, golds) == [0.0, 1.0, 1.0]
