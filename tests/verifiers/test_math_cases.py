@@ -348,7 +348,7 @@ def test_string_fallbacks_are_opt_in_and_run_in_the_worker() -> None:
     responses = [r"$\frac13$", "3 + 4 = 7", "The answer is 12x + 3."]
     golds = ["1/3", "7", "12x+3"]
     with MathVerifier(fallbacks=("last_number",), workers=1) as last_number:
-        # no number outside an expression in "\frac13"; "12x + 3" has none standing alone
+        # "\frac13" has no number outside LaTeX; the last number of "12x + 3." is 3
         assert last_number.score_batch(responses, golds) == [0.0, 1.0, 0.0]
     with MathVerifier(fallbacks=("answer_phrase", "last_number"), workers=1) as both:
         assert both.score_batch(responses, golds) == [0.0, 1.0, 1.0]
