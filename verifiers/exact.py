@@ -32,6 +32,12 @@ def normalize_text(text: str, case_sensitive: bool = False) -> str:
     return text if case_sensitive else text.casefold()
 
 
+def _no_box_in_tail(verifier: ExactVerifier | NumericVerifier, response: str, answer: str | None) -> bool:
+    """``Verifier.unboxed`` of ``exact`` and ``numeric``: no balanced box in the part of
+    the response they search."""
+    return not has_box(response[-verifier.tail_chars :])
+
+
 @register_verifier("exact")
 class ExactVerifier(Verifier):
     """1.0 if the normalized answer equals the normalized gold (see ``normalize_text``).
@@ -71,8 +77,7 @@ class ExactVerifier(Verifier):
             answer = response.strip() or None
         return answer
 
-    def unboxed(self, response: str, answer: str | None) -> bool:
-        return not has_box(response[-self.tail_chars :])
+    unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool:
         return normalize_text(answer, self.case_sensitive) == normalize_text(gold, self.case_sensitive)
@@ -151,8 +156,7 @@ class NumericVerifier(Verifier):
     def extract(self, response: str) -> str | None:
         return final_answer(response, self.fallbacks, self.tail_chars, self.max_answer_chars)
 
-    def unboxed(self, response: str, answer: str | None) -> bool:
-        return not has_box(response[-self.tail_chars :])
+    unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool | None:
         gold_value = self._gold_value(gold)
