@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/verifier_throughput.py            # 10k pairs, pools of 1 and 2
     .venv/bin/python benchmarks/verifier_throughput.py --n 2000 --workers 1,2,4
+    .venv/bin/python benchmarks/verifier_throughput.py --n 2000 --unboxed   # answers in $...$
 
 The pairs are typical RL rewards: a few hundred characters of reasoning ending in a
-``\\boxed{}`` answer, gold answers that are integers, fractions, decimals, radicals,
+``\\boxed{}`` answer (with ``--unboxed``: in ``$...$``, which the worker's fallback
+extraction must find), gold answers that are integers, fractions, decimals, radicals,
 polynomials or tuples, about half answered correctly in another notation (``0.5`` for
 ``\\frac12``). All pairs are distinct and the cache is off, so every pair is checked.
 
@@ -52,10 +54,11 @@ def _number_pair(rng: random.Random) -> tuple[str, str, str]:
     return f"({a}, {b})", f"\\left({a},{b}\\right)", f"({b}, {a})"
 
 
-def make_pairs(n: int, seed: int, group_size: int = 1) -> tuple[list[str], list[str]]:
+def make_pairs(n: int, seed: int, group_size: int = 1, boxed: bool = True) -> tuple[list[str], list[str]]:
     """``n`` (response, gold) pairs. With ``group_size`` 1 every (answer, gold) pair is
     distinct, so each one costs a check; with more, groups of responses to one prompt
-    repeat a right and a wrong answer (RL sampling)."""
+    repeat a right and a wrong answer (RL sampling). ``boxed=False`` writes the final
+    answer as ``$...$`` instead of ``$\\boxed{...}$``."""
     rng = random.Random(seed)
     responses: list[str] = []
     golds: list[str] = []
@@ -68,7 +71,8 @@ def make_pairs(n: int, seed: int, group_size: int = 1) -> tuple[list[str], list[
                 continue
             seen.add((answer, gold))
             reasoning = FILLER * rng.randint(1, 4)
-            responses.append(f"{reasoning}Therefore the answer is $\\boxed{{{answer}}}$.")
+            final = f"\\boxed{{{answer}}}" if boxed else answer
+            responses.append(f"{reasoning}Therefore the answer is ${final}$.")
             golds.append(gold)
     return responses[:n], golds[:n]
 
@@ -90,8 +94,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=10_000, help="number of (response, gold) pairs")
     parser.add_argument("--workers", default="1,2", help="comma-separated pool sizes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--unboxed", action="store_true", help="final answers in $...$, without a box")
     args = parser.parse_args()
-    responses, golds = make_pairs(args.n, args.seed)
+    responses, golds = make_pairs(args.n, args.seed, boxed=not args.unboxed)
 
     print(f"{'mode':<18} {'checks':>7} {'seconds':>9} {'checks/s':>10} {'accuracy':>9}")
     verifier = MathVerifier(cache_size=0)
@@ -112,7 +117,7 @@ def main() -> None:
         assert scores == reference, f"pool({workers}) disagrees with in-process scoring"
         print(f"{'':<18} start-up {startup:.2f} s; timeouts {stats.timeout}, crashes {stats.crashed}")
 
-    grouped_responses, grouped_golds = make_pairs(args.n, args.seed, group_size=8)
+    grouped_responses, grouped_golds = make_pairs(args.n, args.seed, group_size=8, boxed=not args.unboxed)
     workers = max(int(w) for w in args.workers.split(","))
     with MathVerifier(workers=workers) as cached:
         cached.score(r"\boxed{1}", "1")

@@ -162,7 +162,7 @@ def full_state_items(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
 def _summed_metric(name: str) -> bool:
     """Metrics that add up over ranks (sample counts, verifier outcome counts, throughput); the rest are means."""
     return name in ("generated_samples", "rollout_tokens_per_s") or (
-        name.startswith("verifier/") and name != "verifier/accuracy")
+        name.startswith("verifier/") and name not in ("verifier/accuracy", "verifier/unboxed_share"))
 
 
 def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:

@@ -38,6 +38,7 @@ def test_one_process_collectives_return_their_input():
 def test_summed_and_averaged_metrics():
     assert _summed_metric("generated_samples") and _summed_metric("verifier/correct")
     assert not _summed_metric("verifier/accuracy") and not _summed_metric("loss") and not _summed_metric("reward")
+    assert _summed_metric("verifier/unboxed") and not _summed_metric("verifier/unboxed_share")  # a count, a share
 
 
 def test_decoder_layers_are_found_by_class_name(tiny_lm):

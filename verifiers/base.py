@@ -87,7 +87,9 @@ class VerifierStats:
     """Outcome counts since the last ``reset_stats()``, one per scored response.
 
     ``cache_hits`` counts responses whose verdict came from the cache (or a duplicate
-    earlier in the same batch) instead of a worker.
+    earlier in the same batch) instead of a worker. ``unboxed`` counts responses without
+    a ``\\boxed{}`` answer (scored by a fallback rule, or unparseable), whatever their
+    outcome: a high share means the prompt template does not ask for a box.
     """
 
     correct: int = 0
@@ -97,6 +99,7 @@ class VerifierStats:
     crashed: int = 0
     bad_gold: int = 0
     cache_hits: int = 0
+    unboxed: int = 0
 
     @property
     def total(self) -> int:
@@ -110,14 +113,25 @@ class VerifierStats:
         """Fraction of scored responses that were correct (0.0 when none were scored)."""
         return self.correct / self.total if self.total else 0.0
 
+    @property
+    def unboxed_share(self) -> float:
+        """Fraction of scored responses without a box (0.0 when none were scored)."""
+        return self.unboxed / self.total if self.total else 0.0
+
     def add(self, status: Status) -> None:
         """Count one outcome."""
         field = status.name.lower()
         setattr(self, field, getattr(self, field) + 1)
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
-        """Counts plus ``total`` and ``accuracy``, keys prefixed (e.g. ``"verifier/"``)."""
-        values = {**asdict(self), "total": self.total, "accuracy": self.accuracy}
+        """Counts plus ``total``, ``accuracy`` and ``unboxed_share``, keys prefixed (e.g.
+        ``"verifier/"``)."""
+        values = {
+            **asdict(self),
+            "total": self.total,
+            "accuracy": self.accuracy,
+            "unboxed_share": self.unboxed_share,
+        }
         return {prefix + key: value for key, value in values.items()}
 
 
@@ -210,6 +224,12 @@ class Verifier(abc.ABC):
         """Whether ``answer`` (from ``extract``) matches ``gold``: True/False, a score
         in [0, 1], or None if the answer cannot be parsed. Raise ``GoldAnswerError`` if
         the gold is unusable. Runs in a worker process when ``isolated``."""
+
+    def unboxed(self, response: str, answer: str | None) -> bool:
+        """Whether ``response`` (whose ``extract`` gave ``answer``) has no boxed answer;
+        counted in ``stats.unboxed``. Runs in the caller: keep it cheap. Default: False
+        (a verifier that does not look for boxes)."""
+        return False
 
     def check_gold(self, gold: str) -> None:
         """Raise ``GoldAnswerError`` if ``gold`` cannot be used. Runs where ``check``
@@ -322,19 +342,24 @@ class Verifier(abc.ABC):
         self, responses: Sequence[str], golds: Sequence[str]
     ) -> tuple[list[Outcome], dict[tuple[str, ...], list[int]]]:
         """Outcomes of responses without an answer (placeholders elsewhere), and the
-        indices of the others grouped by their (answer, gold) pair."""
+        indices of the others grouped by their (answer, gold) pair. Counts unboxed
+        responses."""
         outcomes = [Outcome(0.0, Status.UNPARSEABLE)] * len(responses)
         pending: dict[tuple[str, ...], list[int]] = {}  # (answer, gold) -> indices
+        unboxed = 0
         for i, (response, gold) in enumerate(zip(responses, golds)):
             _require_str(response, "response", i)
             _require_str(gold, "gold", i)
             try:
                 answer = self.extract(response)
+                unboxed += self.unboxed(response, answer)
             except Exception:  # a plugin's extract failing on odd text is an outcome
                 outcomes[i] = Outcome(0.0, Status.CRASHED)
                 continue
             if answer is not None:
                 pending.setdefault((answer, gold), []).append(i)
+        with self._lock:
+            self._stats.unboxed += unboxed
         return outcomes, pending
 
     def _record(

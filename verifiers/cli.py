@@ -15,6 +15,8 @@ import click
 from ggpo_verifiers.base import GoldAnswerError, Verifier
 from ggpo_verifiers.registry import UnknownVerifierError, available_verifiers, get_verifier
 
+UNBOXED_WARNING_SHARE = 0.5
+"""``score`` suggests checking the prompt template when more responses than this are unboxed."""
 _VERIFIER_HELP = (
     "Registry name, class path (pkg.mod.Cls) or JSON spec "
     '\'{"class_path": ..., "init_args": {...}}\'.'
@@ -67,8 +69,8 @@ def check_command(verifier: str, timeout: float, workers: int | None, gold: str,
 @_verifier_options
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as one JSON object.")
 def score_command(path: Path, verifier: str, timeout: float, workers: int | None, as_json: bool) -> None:
-    """Score a JSONL file of {"response": ..., "gold": ...} rows; print accuracy and
-    outcome counts."""
+    """Score a JSONL file of {"response": ..., "gold": ...} rows; print accuracy,
+    outcome counts and the share of responses without a \\boxed{} answer."""
     lines, responses, golds = _read_rows(path)
     with _build(verifier, timeout, workers) as built:
         try:
@@ -82,8 +84,11 @@ def score_command(path: Path, verifier: str, timeout: float, workers: int | None
         return
     click.echo(f"accuracy: {stats.accuracy:.4f} ({stats.correct}/{stats.total})")
     for key, value in stats.as_dict().items():
-        if key not in ("accuracy", "total"):
+        if key not in ("accuracy", "total", "unboxed", "unboxed_share"):
             click.echo(f"{key}: {value}")
+    click.echo(f"unboxed: {stats.unboxed} ({stats.unboxed_share:.1%} of responses have no \\boxed{{}} answer)")
+    if stats.unboxed_share > UNBOXED_WARNING_SHARE:
+        click.echo("note: most responses have no \\boxed{} answer; does the prompt template ask for one?")
 
 
 def _read_rows(path: Path) -> tuple[list[int], list[str], list[str]]:

@@ -1,24 +1,55 @@
 """Mathematical equivalence of two answer strings, decided with math-verify and sympy.
 
 Runs only inside verifier worker processes (it imports sympy, and parsing untrusted
-LaTeX can hang or exhaust memory: the pool's hard timeout and memory cap contain that).
-Only math-verify's LaTeX extraction is used: its plain-expression extraction hands text
-to ``sympy.parse_expr``, which evaluates Python code. Parsed objects never leave this
+text can hang or exhaust memory: the pool's hard timeout and memory cap contain that,
+and math-verify's own signal-based timeouts are off). Parsed objects never leave this
 module as text: ``str()`` of a sympy object can run ``evalf`` and hang.
+
+Answers in a box are parsed as LaTeX only. Responses without a box go through
+``find_answer``: math-verify's LaTeX and plain-expression extraction (same regexes, same
+priorities) with two added rules for precision. math-verify's plain-expression
+extraction hands a matched expression to ``sympy.parse_expr``, which is ``eval``; its
+regex admits only digits, ``.``, spaces, ``+-*/^()`` and ``×÷``, so no Python name can
+be formed, and ``_usable_expression`` checks before each call that the expression holds
+nothing but digits, ``.``, spaces and ``+-*/^()``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from functools import lru_cache
+from itertools import groupby
 
-from math_verify import LatexExtractionConfig, parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.parser import extract_match, get_extraction_regexes
 from sympy import Basic, I, MatrixBase
 
 from ggpo_verifiers.base import GoldAnswerError
-from ggpo_verifiers.extract import container_kind, normalize_latex_answer
+from ggpo_verifiers.extract import (
+    FALLBACK_RULES,
+    MATH_VERIFY,
+    container_kind,
+    normalize_latex_answer,
+    part_of_expression,
+)
 
 _LATEX_ONLY = [LatexExtractionConfig()]
+# math-verify's extraction patterns as (priority, pattern, config), by priority. Boxes
+# are the parent's job: a response reaching find_answer has no balanced box.
+_UNBOXED_PATTERNS = sorted(
+    (
+        (priority, pattern, config)
+        for regexes, config in get_extraction_regexes(
+            [LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()]
+        )
+        for pattern, priority in regexes
+    ),
+    key=lambda item: item[0],
+)
+_SAFE_EXPRESSION_RE = re.compile(r"[\d.\s+\-*/^()]*")
+_NUMBER_GROUP_RE = re.compile(r"expr|integer\d|decimal\d")
 
 
 def silence_math_verify() -> None:
@@ -75,21 +106,97 @@ def parse_gold(gold: str) -> list:
     return parsed
 
 
-def equivalent(answer: str, gold: str, float_rounding: int = 6) -> bool | None:
+def find_answer(text: str, rules: Sequence[str] = (MATH_VERIFY,)) -> tuple[list, str] | None:
+    """The final answer of response ``text`` (which has no box), parsed: the result of
+    the first rule that yields a mathematical object, as ``(parsed, answer_text)``;
+    None if no rule does.
+
+    Rules: ``"math_verify"`` (``math_verify_answer``) and the string rules of
+    ``ggpo_verifiers.extract`` (``"answer_phrase"``, ``"last_number"``), whose answer
+    is then parsed as LaTeX.
+    """
+    for rule in rules:
+        if rule == MATH_VERIFY:
+            found = math_verify_answer(text)
+        else:
+            answer = FALLBACK_RULES[rule](text)
+            answer = normalize_latex_answer(answer) if answer else ""
+            parsed = parse_latex(answer) if answer else []
+            found = (parsed, answer) if has_math(parsed) else None
+        if found is not None:
+            return found
+    return None
+
+
+def math_verify_answer(text: str) -> tuple[list, str] | None:
+    """math-verify's extraction (its ``parse`` with the LaTeX and expression configs,
+    boxes left out), stricter on two points: a plain number that is part of a larger
+    expression is skipped (the ``10`` of ``10^{3}``, the ``3`` of ``\\sqrt 3`` or
+    ``x + 3``, the ``5`` of ``5!``; see ``extract.part_of_expression``), where
+    math-verify takes it; and a comma is never a decimal mark (``2,74`` is skipped).
+
+    Candidates are tried by math-verify's priorities ("final answer is" first, then
+    "answer:", then any ``$...$``, ``\\(...\\)``, ``\\[...\\]``, fraction or number), the
+    right-most first within a priority; the first that parses wins. An error while
+    parsing a candidate means no answer (math-verify's ``parse`` returns ``[]`` then).
+    """
+    for _, group in groupby(_UNBOXED_PATTERNS, key=lambda item: item[0]):
+        matches = [(match, config) for _, pattern, config in group for match in pattern.finditer(text)]
+        matches.sort(key=lambda item: (item[0].end(), -item[0].start()), reverse=True)
+        for match, config in matches:
+            if isinstance(config, ExprExtractionConfig) and not _usable_expression(text, match):
+                continue
+            try:
+                parsed, answer = extract_match(match, config)
+            except Exception:  # as math-verify's parse: an error means no answer
+                return None
+            if parsed is not None:
+                return [_imaginary_unit(parsed), answer], answer
+    return None
+
+
+def _usable_expression(text: str, match: re.Match[str]) -> bool:
+    """Whether a plain-expression match stands on its own and is safe to parse: not part
+    of a larger expression (``part_of_expression``), no comma as decimal mark (``1,5`` is not
+    1.5, as in a box) and nothing but digits and operators for ``sympy.parse_expr``
+    (no Python names: see the module docstring)."""
+    groups = match.groupdict()
+    spans = [match.span(name) for name, value in groups.items() if value and _NUMBER_GROUP_RE.fullmatch(name)]
+    if not spans or part_of_expression(text, min(start for start, _ in spans), max(end for _, end in spans)):
+        return False
+    if any(value and value.startswith(",") for name, value in groups.items() if name.startswith("decimal")):
+        return False
+    return _SAFE_EXPRESSION_RE.fullmatch(groups.get("expr") or "") is not None
+
+
+def equivalent(
+    answer: str,
+    gold: str,
+    float_rounding: int = 6,
+    rules: Sequence[str] | None = None,
+) -> bool | None:
     """Whether ``answer`` denotes the same mathematical object as ``gold``.
 
-    None means the answer could not be parsed at all. Raises ``GoldAnswerError`` when
-    the gold does not parse to a mathematical object. Policies beyond math-verify's
-    own: number formats as in ``normalize_latex_answer``, ``i`` is the imaginary unit,
-    and a set never equals a tuple or interval.
+    ``answer`` is a box's content, or, when ``rules`` is given, response text without a
+    box whose answer ``find_answer(answer, rules)`` extracts. None means no answer
+    could be parsed. Raises ``GoldAnswerError`` when the gold does not parse to a
+    mathematical object. Policies beyond math-verify's own: number formats as in
+    ``normalize_latex_answer``, ``i`` is the imaginary unit, and a set never equals a
+    tuple or interval.
     """
     gold_parsed = parse_gold(gold)
-    answer = normalize_latex_answer(answer)
-    if answer == _normalized(gold):
-        return True  # the same text denotes the same object: skip parsing (common in RL)
-    answer_parsed = parse_latex(answer)
-    if not answer_parsed:
-        return None
+    if rules is not None:
+        found = find_answer(answer, rules)
+        if found is None:
+            return None
+        answer_parsed, answer = found
+    else:
+        answer = normalize_latex_answer(answer)
+        if answer == _normalized(gold):
+            return True  # the same text denotes the same object: skip parsing (common in RL)
+        answer_parsed = parse_latex(answer)
+        if not answer_parsed:
+            return None
     kinds = {container_kind(answer), container_kind(_normalized(gold))}
     if kinds == {"set", "sequence"}:
         return False

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ggpo_verifiers.base import GoldAnswerError, Verifier
-from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer, normalize_latex_answer
+from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer, has_box, normalize_latex_answer
 from ggpo_verifiers.registry import register_verifier
 
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -30,6 +30,12 @@ def normalize_text(text: str, case_sensitive: bool = False) -> str:
     text = _TEXT_COMMAND_RE.sub(r"\1", text)
     text = " ".join(text.split()).strip(_QUOTES).strip().rstrip(".").strip()
     return text if case_sensitive else text.casefold()
+
+
+def _no_box_in_tail(verifier: ExactVerifier | NumericVerifier, response: str, answer: str | None) -> bool:
+    """``Verifier.unboxed`` of ``exact`` and ``numeric``: no balanced box in the part of
+    the response they search."""
+    return not has_box(response[-verifier.tail_chars :])
 
 
 @register_verifier("exact")
@@ -70,6 +76,8 @@ class ExactVerifier(Verifier):
         if answer is None and len(response) <= self.max_answer_chars:
             answer = response.strip() or None
         return answer
+
+    unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool:
         return normalize_text(answer, self.case_sensitive) == normalize_text(gold, self.case_sensitive)
@@ -147,6 +155,8 @@ class NumericVerifier(Verifier):
 
     def extract(self, response: str) -> str | None:
         return final_answer(response, self.fallbacks, self.tail_chars, self.max_answer_chars)
+
+    unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool | None:
         gold_value = self._gold_value(gold)

@@ -14,7 +14,15 @@ Extraction policy (``final_answer``), first rule that yields an answer wins:
 2. ``answer_phrase`` (fallback): after the last "answer is", "answer:" or "answer =":
    its first math segment (``$...$``), else a leading number followed by words
    ("12 apples" is 12; "1 + x" is not 1), else the rest of the sentence.
-3. ``last_number`` (fallback): the last number (``-12``, ``3.5``, ``1,000``, ``3/4``).
+3. ``last_number`` (fallback): the last number (``-12``, ``3.5``, ``1,000``, ``3/4``)
+   that is not inside a LaTeX expression: a number in braces or next to ``^``, ``_``,
+   ``!`` or a command (the ``2`` of ``\\frac{1+\\sqrt{5}}{2}``, the ``3`` of ``x^3``, the
+   ``13`` of ``\\frac13``) is never taken. (Numbers next to ``+-*/`` still are: plain
+   arithmetic such as ``17+25=42`` reads as before.)
+
+The ``math`` verifier does not use ``final_answer``'s fallbacks in this process: for a
+response without a box it sends ``UNBOXED`` + ``unboxed_text(...)`` to its worker, which
+extracts the answer there (see ``ggpo_verifiers.equivalence.find_answer``).
 
 An answer longer than ``max_chars`` or nested deeper than ``max_depth`` brackets is
 rejected (returned as ``None``, i.e. unparseable) before any parser sees it.
@@ -38,6 +46,14 @@ _LEADING_NUMBER_RE = re.compile(
 )
 _REPEATING_RE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+# Context that puts a number inside a LaTeX expression: right after "^", "_", "{" or a
+# command ("\frac13", "\sqrt 3", "\sqrt[3]"), or right before "^", "_", "!" or a brace.
+_LATEX_BEFORE_RE = re.compile(r"(?:[\^_{]|\\[A-Za-z]+\s*\[?)\s*$")
+_LATEX_AFTER_RE = re.compile(r"\s*[\^_{}!]")
+# An operator with an operand on the number's other side ("x + 3", "2 * 3", "1 + x"); a
+# word is no operand before it ("is -5").
+_OPERATOR_BEFORE_RE = re.compile(r"(?:(?<![A-Za-z\\])[A-Za-z]|\\[A-Za-z]+|[\d)}])\s*[-+*/×÷]\s*$")
+_OPERATOR_AFTER_RE = re.compile(r"\s*[-+*/×÷]\s*[\w\\({]")
 _OPENERS = "{[("
 _CLOSERS = "}])"
 # A backslash escapes the next character (\{ is a literal brace, \\ a line break).
@@ -111,9 +127,64 @@ def answer_phrase(text: str) -> str | None:
 
 
 def last_number(text: str) -> str | None:
-    """The last number in ``text`` (integer, decimal, ``1,000`` grouping or ``a/b``)."""
-    matches = _NUMBER_RE.findall(text)
-    return matches[-1] if matches else None
+    """The last number in ``text`` (integer, decimal, ``1,000`` grouping or ``a/b``) that
+    is not inside a LaTeX expression (see ``inside_latex``)."""
+    for match in reversed(list(_NUMBER_RE.finditer(text))):
+        if not inside_latex(text, match.start(), match.end()):
+            return match.group()
+    return None
+
+
+def inside_latex(text: str, start: int, end: int) -> bool:
+    """Whether the number ``text[start:end]`` is inside a LaTeX expression: it follows
+    ``^``, ``_``, ``{`` or a command (``x^3``, ``a_{3}``, ``\\frac13``, ``\\sqrt 3``,
+    ``\\sqrt[3]{8}``) or precedes ``^``, ``_``, ``!`` or a brace (``10^{3}``, ``5!``).
+    Looks at 40 characters before the number: bounded work."""
+    return bool(_LATEX_BEFORE_RE.search(text, max(0, start - 40), start) or _LATEX_AFTER_RE.match(text, end))
+
+
+def part_of_expression(text: str, start: int, end: int) -> bool:
+    """Whether the number ``text[start:end]`` is part of a larger expression, so that
+    taking it alone would be a guess: ``inside_latex``, or next to an operator with an
+    operand on its other side (``x + 3``, ``x - 3``, ``2 * 3``, ``1 + x``; not ``is -5``:
+    a leading minus sign counts as an operator, a word as no operand). Looks at 40
+    characters on each side: bounded work."""
+    if inside_latex(text, start, end):
+        return True
+    if text.startswith("-", start):
+        start += 1
+    return bool(
+        _OPERATOR_BEFORE_RE.search(text, max(0, start - 40), start)
+        or _OPERATOR_AFTER_RE.match(text, end, end + 40)
+    )
+
+
+MATH_VERIFY = "math_verify"
+"""Name of the ``math`` verifier's fallback rule that runs math-verify's extraction in
+the worker (``ggpo_verifiers.equivalence.math_verify_answer``)."""
+
+UNBOXED = "\n[unboxed]\n"
+"""Prefix of an extracted "answer" that is response text without a box, whose answer
+the worker extracts. A box's content is stripped, so it never starts with a line break."""
+
+
+def has_box(text: str) -> bool:
+    """Whether ``text`` holds a balanced ``\\boxed{...}``/``\\fbox{...}``."""
+    return _BOX_RE.search(text) is not None and bool(boxed_answers(text))
+
+
+def unboxed_text(text: str, max_chars: int) -> str:
+    """The last ``max_chars`` characters of ``text``, starting after a line break (or
+    else a space) when the cut falls inside the text: a cut mid-line could split a
+    ``$...$`` pair and pair the wrong dollars."""
+    if len(text) <= max_chars:
+        return text
+    tail = text[-max_chars:]
+    for boundary in ("\n", " "):
+        cut = tail.find(boundary)
+        if cut != -1:
+            return tail[cut + 1 :]
+    return tail
 
 
 def nesting_depth(text: str) -> int:
@@ -134,11 +205,11 @@ FALLBACKS = tuple(FALLBACK_RULES)
 """Default fallbacks: all of them, in this order."""
 
 
-def checked_fallbacks(fallbacks: Sequence[str]) -> tuple[str, ...]:
-    """``fallbacks`` as a tuple; ValueError naming the unknown rules if any."""
-    unknown = set(fallbacks) - set(FALLBACK_RULES)
+def checked_fallbacks(fallbacks: Sequence[str], known: Sequence[str] = FALLBACKS) -> tuple[str, ...]:
+    """``fallbacks`` as a tuple; ValueError naming the rules not in ``known`` if any."""
+    unknown = set(fallbacks) - set(known)
     if unknown:
-        raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {sorted(unknown)}; choose from {list(FALLBACKS)}")
+        raise ValueError(f"fallbacks={list(fallbacks)!r}: unknown {sorted(unknown)}; choose from {list(known)}")
     return tuple(fallbacks)
 
 

@@ -1,9 +1,14 @@
 """``math``: final-answer equivalence for competition-style math, via math-verify + sympy.
 
-Extraction (in the trainer process, see ``ggpo_verifiers.extract``): the last
-``\\boxed{...}`` with brace matching, else the configured fallbacks ("the answer is ...",
-then the last number). Answers longer than ``max_answer_chars`` or nested deeper than
-``max_answer_depth`` are unparseable before any parser sees them.
+Extraction: the last ``\\boxed{...}`` with brace matching, found in the trainer process
+(see ``ggpo_verifiers.extract``). Without a box, the last ``max_answer_chars`` of the
+response go to the worker, whose fallback rules find the answer there (default
+``"math_verify"``: math-verify's own extraction, "final answer is", "answer:", the last
+``$...$``/``\\(...\\)``/``\\[...\\]`` or plain number, but never a number that is part of a
+larger expression; see ``ggpo_verifiers.equivalence.find_answer``). Answers (or unboxed
+text) longer than ``max_answer_chars`` or nested deeper than ``max_answer_depth`` are
+unparseable before any parser sees them. ``stats.unboxed`` counts responses without a
+box.
 
 Equivalence (in a worker, see ``ggpo_verifiers.equivalence``): both sides are parsed as
 LaTeX (plain numbers and expressions such as ``1/2`` or ``3x+2`` are valid LaTeX) and
@@ -22,7 +27,10 @@ intervals with their open/closed ends, equations and inequalities (``x > 2`` equ
   ``\\pi/6``); ``x = 3`` equals ``3``; the letter ``i`` is the imaginary unit;
 * a bare list ``1, 2`` equals the set ``\\{1, 2\\}``; an explicit set never equals a tuple
   or interval;
-* several adjacent boxes form one answer: ``\\boxed{3} or \\boxed{4}`` matches neither.
+* several adjacent boxes form one answer: ``\\boxed{3} or \\boxed{4}`` matches neither;
+* without a box, precision before recall: a digit inside a fraction, power, root,
+  subscript or factorial is never the answer (``x^3`` is not 3), and a comma is never a
+  decimal mark (see "Without a box" in ``verifiers/README.md``).
 
 Known disagreements with mathematical truth are listed in ``verifiers/README.md``.
 """
@@ -33,8 +41,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from ggpo_verifiers.base import Verifier
-from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer
+from ggpo_verifiers.extract import (
+    FALLBACK_RULES,
+    MATH_VERIFY,
+    UNBOXED,
+    checked_fallbacks,
+    has_box,
+    last_boxed,
+    nesting_depth,
+    unboxed_text,
+)
 from ggpo_verifiers.registry import register_verifier
+
+MATH_FALLBACKS = (MATH_VERIFY, *FALLBACK_RULES)
+"""The fallback rules ``MathVerifier`` knows: ``"math_verify"`` and the string rules of
+``ggpo_verifiers.extract`` (opt-in)."""
 
 
 @register_verifier("math")
@@ -42,12 +63,16 @@ class MathVerifier(Verifier):
     """Math answer checker (1.0 if the final answer equals the gold, else 0.0).
 
     Args:
-        fallbacks: Extraction rules tried in order when the response has no
-            ``\\boxed{}``: ``"answer_phrase"`` ("the answer is ...") and/or
-            ``"last_number"``. ``()`` requires a box.
+        fallbacks: Extraction rules tried in order, in the worker, when the response
+            has no ``\\boxed{}``: ``"math_verify"`` (math-verify's extraction, minus
+            numbers taken out of larger expressions), ``"answer_phrase"`` ("the answer
+            is ...") and ``"last_number"`` (see ``ggpo_verifiers.extract``). ``()``
+            requires a box.
         float_rounding: Decimal places to which floats are compared.
-        max_answer_chars: Longer extracted answers are unparseable.
-        max_answer_depth: Answers nested deeper than this many brackets are unparseable.
+        max_answer_chars: Longer extracted answers are unparseable; without a box,
+            the worker searches this many last characters of the response.
+        max_answer_depth: Answers (and unboxed text) nested deeper than this many
+            brackets are unparseable.
         tail_chars: Only the last this many characters of a response are searched.
         **kwargs: Pool settings of ``Verifier`` (timeout, workers, ...).
     """
@@ -55,7 +80,7 @@ class MathVerifier(Verifier):
     def __init__(
         self,
         *,
-        fallbacks: Sequence[str] = FALLBACKS,
+        fallbacks: Sequence[str] = (MATH_VERIFY,),
         float_rounding: int = 6,
         max_answer_chars: int = 1000,
         max_answer_depth: int = 32,
@@ -63,20 +88,38 @@ class MathVerifier(Verifier):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.fallbacks = checked_fallbacks(fallbacks)
+        self.fallbacks = checked_fallbacks(fallbacks, MATH_FALLBACKS)
         self.float_rounding = float_rounding
         self.max_answer_chars = max_answer_chars
         self.max_answer_depth = max_answer_depth
         self.tail_chars = tail_chars
 
     def extract(self, response: str) -> str | None:
-        return final_answer(
-            response, self.fallbacks, self.tail_chars, self.max_answer_chars, self.max_answer_depth
-        )
+        """The content of the last box, else (with fallbacks) ``UNBOXED`` + the end of
+        the response for the worker to search; None if neither is usable."""
+        tail = response[-self.tail_chars :]
+        boxed = last_boxed(tail)
+        if boxed is not None:
+            answer, prefix = boxed.strip(), ""
+        elif self.fallbacks:
+            answer, prefix = unboxed_text(tail, self.max_answer_chars).strip(), UNBOXED
+        else:
+            return None
+        if not answer or len(answer) > self.max_answer_chars or nesting_depth(answer) > self.max_answer_depth:
+            return None
+        return prefix + answer
+
+    def unboxed(self, response: str, answer: str | None) -> bool:
+        if answer is not None:
+            return answer.startswith(UNBOXED)
+        return not has_box(response[-self.tail_chars :])
 
     def check(self, answer: str, gold: str) -> bool | None:
+        """``answer`` is a box's content, or ``UNBOXED`` + response text to search."""
         from ggpo_verifiers.equivalence import equivalent
 
+        if answer.startswith(UNBOXED):
+            return equivalent(answer[len(UNBOXED) :], gold, self.float_rounding, self.fallbacks)
         return equivalent(answer, gold, self.float_rounding)
 
     def check_gold(self, gold: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import re
 import shutil
 import string
 import tempfile
@@ -44,6 +45,8 @@ DOS_ANSWERS = [
     r"\boxed{100000000!}",
     r"\boxed{2^{2^{30}}}",
     r"\boxed{10^{10^{10}}}",
+    r"The answer is $9^{9^{9^{9}}}$.",  # no box: the worker's extraction parses it
+    "So we get 9^9^9^9",  # plain expression: math-verify hands it to sympy.parse_expr
 ]
 
 
@@ -112,6 +115,8 @@ def test_the_pool_contains_huge_inputs_that_pass_the_filters(unfiltered) -> None
         r"\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
         r"\boxed{" + "1+" * 300_000 + "1}",
         r"\boxed{" + "\\[" * 300_000 + "}",
+        "$" + "1+" * 300_000 + "1$",  # no box: math-verify's extraction regexes on 600 kB
+        "$x$ " * 150_000,
     ]
     start = time.perf_counter()
     assert unfiltered.score_batch(responses, ["1"] * len(responses)) == [0.0] * len(responses)
@@ -149,3 +154,28 @@ def test_works_in_a_daemonic_forked_process_like_a_dataloader_worker(dos_verifie
     assert result == [0.0, 1.0]
     assert child.exitcode == 0
     assert dos_verifier.score(r"\boxed{2}", "2") == 1.0  # the parent's workers are intact
+
+
+def test_plain_expressions_reach_parse_expr_without_python_names(monkeypatch) -> None:
+    # math-verify hands plain-text expressions to sympy.parse_expr (eval). Whatever the
+    # response, what reaches it must be digits and operators only: no name to call.
+    import math_verify.parser
+
+    from ggpo_verifiers.equivalence import math_verify_answer
+
+    seen: list[str] = []
+    original = math_verify.parser.parse_expr_cached
+    monkeypatch.setattr(math_verify.parser, "parse_expr_cached", lambda expr: seen.append(expr) or original(expr))
+    texts = [
+        "answer: 2 + __import__('os').getpid()",
+        "The answer is 1 + exec('x')",
+        "So it is (3 + 4) * 2",
+        "x = 9^2 - 1",
+        "final answer is 2*__builtins__",
+        "answer = 2 + 3 lambda: 1",
+        *(payload.replace("{marker}", "m") for payload in CODE_PAYLOADS),
+    ]
+    for text in texts:
+        math_verify_answer(text)
+    assert len(seen) >= 2, "the plain-expression path was not exercised"
+    assert all(re.fullmatch(r"[\d.\s+\-*/()]*", expr) for expr in seen), seen

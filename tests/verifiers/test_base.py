@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from ggpo_verifiers import ExactVerifier, GoldAnswerError, Status, Verifier
+from ggpo_verifiers import ExactVerifier, GoldAnswerError, MathVerifier, NumericVerifier, Status, Verifier
 
 
 class _Inline(Verifier):
@@ -38,7 +38,10 @@ def test_statuses_and_stats() -> None:
     assert logged["verifier/crashed"] == 3 and logged["verifier/total"] == 6
     assert set(logged) == {
         f"verifier/{key}"
-        for key in ("correct", "wrong", "unparseable", "timeout", "crashed", "bad_gold", "cache_hits", "total", "accuracy")
+        for key in (
+            "correct", "wrong", "unparseable", "timeout", "crashed", "bad_gold", "cache_hits", "unboxed", "total",
+            "accuracy", "unboxed_share",
+        )
     }
 
 
@@ -102,3 +105,39 @@ def test_validate_gold_rejects_empty_and_non_string_golds(math_verifier, gold: o
     with pytest.raises(GoldAnswerError, match=reason) as caught:
         math_verifier.validate_gold(gold)  # type: ignore[arg-type]
     assert caught.value.index is None
+
+
+UNBOXED_MIX = [r"so \boxed{1}", "It is 1.", "no answer at all", r"\boxed{1", r"\fbox{1} and more text"]
+"""Two boxed responses (one with fbox) and three without (an unbalanced box is none)."""
+
+
+def test_unboxed_responses_are_counted_whatever_their_outcome(math_verifier) -> None:
+    math_verifier.reset_stats()
+    outcomes = math_verifier.evaluate_batch(UNBOXED_MIX, ["1"] * len(UNBOXED_MIX))
+    assert [o.score for o in outcomes] == [1.0, 1.0, 0.0, 0.0, 1.0]  # "\boxed{1": a 1 after a brace is no answer
+    stats = math_verifier.reset_stats()
+    assert (stats.unboxed, stats.total) == (3, 5)
+    assert stats.as_dict(prefix="verifier/")["verifier/unboxed_share"] == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [MathVerifier(fallbacks=()), NumericVerifier(), ExactVerifier()],
+    ids=["math-box-required", "numeric", "exact"],
+)
+def test_every_builtin_counts_unboxed_responses(verifier: Verifier) -> None:
+    responses = [r for r in UNBOXED_MIX if "boxed{1}" not in r and "fbox" not in r]  # no worker needed
+    verifier.evaluate_batch(responses, ["1"] * len(responses))
+    assert (verifier.stats.unboxed, verifier.stats.total) == (3, 3)
+
+
+@pytest.mark.parametrize("verifier", [NumericVerifier(), ExactVerifier()], ids=["numeric", "exact"])
+def test_boxed_responses_are_not_counted_unboxed(verifier: Verifier) -> None:
+    verifier.evaluate_batch([r"so \boxed{1}", r"\fbox{1}"], ["1", "1"])
+    assert (verifier.stats.unboxed, verifier.stats.correct) == (0, 2)
+
+
+def test_a_verifier_without_boxes_counts_nothing_unboxed() -> None:
+    verifier = _Inline()
+    verifier.evaluate_batch(["1", "0"], ["g", "g"])
+    assert verifier.stats.unboxed == 0

@@ -68,8 +68,23 @@ def test_score_reports_accuracy_and_stats(tmp_path: Path) -> None:
     lines = result.output.splitlines()
     assert lines[0] == "accuracy: 0.5000 (2/4)"
     assert {"correct: 2", "wrong: 1", "unparseable: 1", "timeout: 0"} <= set(lines)
+    assert "unboxed: 2 (50.0% of responses have no \\boxed{} answer)" in lines
+    assert not any(line.startswith("note:") for line in lines)  # half unboxed is not "most"
     as_json = json.loads(invoke("score", str(data), "-v", "exact", "--json").output)
     assert as_json["total"] == 4 and as_json["correct"] == 1  # exact: only "2" == "2"
+    assert as_json["unboxed"] == 2 and as_json["unboxed_share"] == 0.5
+
+
+def test_score_points_at_the_prompt_template_when_most_answers_are_unboxed(tmp_path: Path) -> None:
+    data = write_jsonl(
+        tmp_path / "rows.jsonl",
+        ['{"response": "It is 2.", "gold": "2"}', '{"response": "x = 3", "gold": "3"}', '{"response": "\\\\boxed{4}", "gold": "4"}'],
+    )
+    result = invoke("score", str(data), "--workers", "1")
+    assert result.exit_code == 0, result.output
+    assert "accuracy: 1.0000 (3/3)" in result.output  # unboxed answers still count
+    assert "unboxed: 2 (66.7% of responses" in result.output
+    assert "does the prompt template ask for one?" in result.output
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import re
 import time
 
 import pytest
@@ -12,10 +14,14 @@ from ggpo_verifiers.extract import (
     checked_fallbacks,
     container_kind,
     final_answer,
+    has_box,
+    inside_latex,
     last_boxed,
     last_number,
     nesting_depth,
     normalize_latex_answer,
+    part_of_expression,
+    unboxed_text,
 )
 
 
@@ -72,10 +78,89 @@ def test_answer_phrase(text: str, expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("3 + 4 = 7", "7"), ("costs 1,000 dollars", "1,000"), ("-2.5 or 3/4", "3/4"), ("none", None)],
+    [
+        ("3 + 4 = 7", "7"),
+        ("costs 1,000 dollars", "1,000"),
+        ("-2.5 or 3/4", "3/4"),
+        ("The result is -5", "-5"),
+        ("x = -3", "-3"),
+        ("none", None),
+        # never a number out of a larger expression (the false positives of issue #16)
+        (r"$\frac{1+\sqrt{5}}{2}$", None),
+        ("x^3", None),
+        (r"$\frac13$", None),
+        (r"$k = \frac{1}{3}$", None),
+        (r"\sqrt[3]{27}", None),
+        ("10^{3}", None),
+        ("5!", None),
+        ("a_3 = 7", "7"),  # the 3 is a subscript, the 7 stands alone
+        ("We get 4, then 2^{10}", "4"),
+        # operators do not count here (numeric's arithmetic reads as before)
+        ("17+25", "25"),
+        ("3-7", "-7"),
+    ],
 )
 def test_last_number(text: str, expected: str | None) -> None:
     assert last_number(text) == expected
+
+
+def _old_last_number(text: str) -> str | None:
+    """``last_number`` before issue #16, the reference for text without LaTeX."""
+    matches = re.findall(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+", text)
+    return matches[-1] if matches else None
+
+
+def test_last_number_is_unchanged_on_the_arithmetic_tasks_alphabet() -> None:
+    # What the tiny model can write (ggpo_lightning.models.SYMBOLS and WORDS): no LaTeX,
+    # so the numeric verifier of the quickstart reads every sampled response as before.
+    from ggpo_lightning.models import SYMBOLS, WORDS
+
+    rng = random.Random(0)
+    tokens = list(SYMBOLS) + [f" {word} " for word in WORDS]
+    texts = ["".join(rng.choices(tokens, k=rng.randint(1, 12))) for _ in range(3000)]
+    assert sum(_old_last_number(t) is not None for t in texts) > 2000
+    assert [last_number(t) for t in texts] == [_old_last_number(t) for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("text", "number", "expected"),
+    [
+        ("x^3", "3", True),
+        ("a_{12}", "12", True),
+        ("\\frac13", "13", True),
+        ("\\sqrt 3", "3", True),
+        ("\\sqrt[3]{8}", "3", True),
+        ("10^{3}", "10", True),
+        ("5! ways", "5", True),
+        ("x + 3", "3", True),
+        ("x -3", "-3", True),
+        ("7 - y", "7", True),
+        ("2 * 3", "3", True),
+        ("answer: 1 + x", "1", True),
+        ("is -5", "-5", False),  # a word before a minus sign is no operand
+        ("x = 3.", "3", False),
+        ("12 apples", "12", False),
+        ("(3, 4)", "3", False),
+    ],
+)
+def test_part_of_expression(text: str, number: str, expected: bool) -> None:
+    start = text.index(number)
+    assert part_of_expression(text, start, start + len(number)) is expected
+    latex_only = expected and not any(op in text for op in "+-*")
+    assert inside_latex(text, start, start + len(number)) is latex_only
+
+
+def test_unboxed_text_keeps_the_end_and_starts_at_a_line() -> None:
+    assert unboxed_text("short", 10) == "short"
+    text = "first line $a$\nsecond $b$\nthird $c$"
+    assert unboxed_text(text, 20) == "third $c$"  # the cut falls in "second": start after it
+    assert unboxed_text("word " * 10, 12) == "word word "  # no line break: start at a space
+    assert len(unboxed_text("x" * 50, 12)) == 12
+
+
+def test_has_box() -> None:
+    assert has_box(r"so \boxed{1}") and has_box(r"\fbox{x}")
+    assert not has_box(r"\boxed{1") and not has_box("no box") and not has_box(r"\boxed")
 
 
 def test_final_answer_prefers_box_then_fallbacks_in_order() -> None:

@@ -286,8 +286,28 @@ POLICY = [
     (rf"{B}{{0}}", r"\{0\}", 1, "a bare list equals the set of its elements"),
     (rf"{B}{{3}} or {B}{{4}}", "4", 0, "adjacent boxes are one (hedged) answer"),
     (rf"{B}{{3}}, {B}{{4}}", "3, 4", 1, "adjacent boxes are one answer"),
-    ("The answer is 12, I think", "12", 1, "fallback: the text after 'answer is'"),
-    ("no box here, just 12 at the end", "12", 1, "fallback: the last number"),
+    # Without a box (the "math_verify" fallback; verifiers/README.md, "Without a box")
+    ("The answer is 12, I think", "12", 1, "no box: the number after 'answer is'"),
+    ("no box here, just 12 at the end", "12", 1, "no box: the last number"),
+    ("It is 12 cm.", "12", 1, "no box: units after a number are ignored"),
+    ("k = 1/3", "1/3", 1, "no box: the last plain expression"),
+    (r"$\frac13$", "1/3", 1, "no box: the last math environment"),
+    (r"$k = \frac{1}{3}$", "1/3", 1, "no box: an assignment equals its value"),
+    (r"\(\dfrac12\)", "0.5", 1, "no box: the last math environment"),
+    (r"\[\left( \frac{1}{3} \right)\]", "1/3", 1, "no box: the last math environment"),
+    (r"The matrix is $\begin{pmatrix}1\\2\end{pmatrix}$.", r"\begin{pmatrix}1\\2\end{pmatrix}", 1, "no box: the last math environment"),
+    (r"The set is $\{1, 2\}$.", r"\{1,2\}", 1, "no box: the last math environment"),
+    ("The domain is $[0, 1)$.", "[0,1)", 1, "no box: the last math environment"),
+    ("Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct.", "0.75", 1, "no box: 'final answer is' first"),
+    ("We first get $x = 2$; the answer is $x = 3$.", "2", 0, "no box: an intermediate value is not the answer"),
+    (r"$\frac{1+\sqrt{5}}{2}$", "2", 0, "no box: never a number from inside an expression"),
+    ("x^3", "3", 0, "no box: never a number from inside an expression"),
+    (r"$\frac13$", "3", 0, "no box: never a number from inside an expression"),
+    ("The result is 10^{3}", "10", 0, "no box: never a number from inside an expression"),
+    (r"The answer is \sqrt 3", "3", 0, "no box: never a number from inside an expression"),
+    ("so we get 5!", "5", 0, "no box: never a number from inside an expression"),
+    ("The answer is x + 3", "3", 0, "no box: never a number from inside an expression"),
+    ("The value is 2,74", "2.74", 0, "a comma is never a decimal mark"),
 ]
 
 TRUTH = [(r, g, 1) for r, g in EQUIVALENT] + [(r, g, 0) for r, g in NOT_EQUIVALENT]
@@ -320,3 +340,15 @@ def test_mathematical_truth(scores, response: str, gold: str, expected: int) -> 
 @pytest.mark.parametrize(("response", "gold", "expected", "policy"), POLICY, ids=[f"{p[3][:30]}:{p[1]}" for p in POLICY])
 def test_documented_policy(scores, response: str, gold: str, expected: int, policy: str) -> None:
     assert scores[(response, gold)] == expected, policy
+
+
+def test_string_fallbacks_are_opt_in_and_run_in_the_worker() -> None:
+    from ggpo_verifiers import MathVerifier
+
+    responses = [r"$\frac13$", "3 + 4 = 7", "The answer is 12x + 3."]
+    golds = ["1/3", "7", "12x+3"]
+    with MathVerifier(fallbacks=("last_number",), workers=1) as last_number:
+        # "\frac13" has no number outside LaTeX; the last number of "12x + 3." is 3
+        assert last_number.score_batch(responses, golds) == [0.0, 1.0, 0.0]
+    with MathVerifier(fallbacks=("answer_phrase", "last_number"), workers=1) as both:
+        assert both.score_batch(responses, golds) == [0.0, 1.0, 1.0]
