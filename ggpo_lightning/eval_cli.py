@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ggpo_verifiers.cli import _VERIFIER_HELP, _build
+from ggpo_verifiers.cli import VERIFIER_HELP, build_verifier
 
 __all__ = ["eval_command", "format_table"]
 
@@ -33,7 +33,7 @@ def format_table(report: dict[str, Any]) -> str:
 @click.argument("model_source", metavar="MODEL")
 @click.argument("benchmarks", metavar="BENCH...", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--verifier", "-v", default="math", show_default=True, help=_VERIFIER_HELP)
+@click.option("--verifier", "-v", default="math", show_default=True, help=VERIFIER_HELP)
 @click.option("--k", type=click.IntRange(min=1), default=1, show_default=True, help="Responses per problem.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0 = greedy (needs --k 1).")
@@ -80,7 +80,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
         problems = [(path, evaluation.load_benchmark(path, prompt_field, answer_field, limit)) for path in benchmarks]
     except (ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
-    with _build(verifier, timeout=5.0, workers=None) as checker:
+    with build_verifier(verifier, timeout=5.0, workers=None) as checker:
         try:
             for _, rows in problems:
                 validate_golds(rows, checker)

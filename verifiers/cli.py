@@ -17,7 +17,7 @@ from ggpo_verifiers.registry import UnknownVerifierError, available_verifiers, g
 
 UNBOXED_WARNING_SHARE = 0.5
 """``score`` suggests checking the prompt template when more responses than this are unboxed."""
-_VERIFIER_HELP = (
+VERIFIER_HELP = (  # the --verifier option's help, shared with ggpo eval
     "Registry name, class path (pkg.mod.Cls) or JSON spec "
     '\'{"class_path": ..., "init_args": {...}}\'.'
 )
@@ -26,10 +26,12 @@ _VERIFIER_HELP = (
 def _verifier_options(command: Any) -> Any:
     command = click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes (default: min(4, CPUs)).")(command)
     command = click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="Seconds per check before it scores 0.")(command)
-    return click.option("--verifier", "-v", default="math", show_default=True, help=_VERIFIER_HELP)(command)
+    return click.option("--verifier", "-v", default="math", show_default=True, help=VERIFIER_HELP)(command)
 
 
-def _build(spec: str, timeout: float, workers: int | None) -> Verifier:
+def build_verifier(spec: str, timeout: float, workers: int | None) -> Verifier:
+    """The verifier a ``--verifier`` option names (registry name, class path or JSON spec); a bad spec is a
+    ``click.BadParameter`` naming ``--verifier``. Also used by ``ggpo eval``."""
     try:
         parsed = json.loads(spec) if spec.lstrip().startswith("{") else spec
         return get_verifier(parsed, timeout=timeout, workers=workers)
@@ -55,7 +57,7 @@ def list_command() -> None:
 @click.option("--response", required=True, help="The model response to score.")
 def check_command(verifier: str, timeout: float, workers: int | None, gold: str, response: str) -> None:
     """Score one response against a gold answer; print the score and its status."""
-    with _build(verifier, timeout, workers) as built:
+    with build_verifier(verifier, timeout, workers) as built:
         try:
             built.validate_gold(gold)
         except GoldAnswerError as err:
@@ -72,7 +74,7 @@ def score_command(path: Path, verifier: str, timeout: float, workers: int | None
     """Score a JSONL file of {"response": ..., "gold": ...} rows; print accuracy,
     outcome counts and the share of responses without a \\boxed{} answer."""
     lines, responses, golds = _read_rows(path)
-    with _build(verifier, timeout, workers) as built:
+    with build_verifier(verifier, timeout, workers) as built:
         try:
             built.validate_golds(golds)
         except GoldAnswerError as err:
