@@ -66,10 +66,10 @@ def behavior_anchor(logp: Tensor, mask: Tensor | None = None) -> Tensor:
     ``lambda / beta`` is a length-free trade-off. Dividing each response's ``-log pi`` by
     its own length would make the expected on-policy gradient ``grad E_pi[1/|y|]``,
     not zero: a push towards shorter responses. Dividing by a constant token count is
-    only a rescaled ``lambda``. In the lab ``lambda = 0.4 * beta`` stopped the stale
-    collapse at every beta tried and cost nothing measurable near on policy
-    (``docs/METHOD.md#recommended-settings``); offline it moves the optimum off ``pi*``
-    (``docs/METHOD.md#the-fixed-point``).
+    only a rescaled ``lambda``. ``lambda = beta`` (the trainer's default for stale GGPO)
+    stopped the stale collapse on the quickstart's language model and cost nothing
+    measurable near on policy (``docs/METHOD.md#recommended-settings``); offline it moves
+    the optimum off ``pi*`` (``docs/METHOD.md#the-fixed-point``).
 
     Args:
         logp: ``[G, K]`` learner sequence log-probs of the behavior's responses (with gradient).
