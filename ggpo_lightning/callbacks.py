@@ -233,8 +233,9 @@ class RunGuard(Checkpoint):
       save: the other ranks may not reach the collective save.
 
     ``summary.json`` gets ``status`` (``interrupted``/``aborted``), ``reason`` and
-    ``checkpoint`` (:meth:`RunSummary.write_stopped`). Nothing is saved before training
-    starts (a configuration or resume error). A :class:`Checkpoint` subclass, so Lightning
+    ``checkpoint`` (:meth:`RunSummary.write_stopped`). No checkpoint before training starts:
+    a deliberate stop there (the starting model's evaluation found a broken verifier) writes
+    the summary only; any other error there (configuration, resume) writes nothing. A :class:`Checkpoint` subclass, so Lightning
     runs it after the module's schedules (the saved engine and reference are the step's).
     """
 
@@ -266,22 +267,22 @@ class RunGuard(Checkpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
-        if not self._training:
-            return
         deliberate = isinstance(exception, RunAborted)
-        if not deliberate and world()[1] > 1:
+        if not (self._training or deliberate) or (not deliberate and world()[1] > 1):
             return
         status = exception.status if deliberate else (
             "interrupted" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "aborted")
-        directory = Path(getattr(trainer.checkpoint_callback, "dirpath", None)
-                         or RunSummary.run_dir(trainer) / "checkpoints")
-        path = directory / f"{status}.ckpt"
-        trainer.save_checkpoint(path)
+        path = None
+        if self._training:  # before the first step there is nothing to save
+            directory = Path(getattr(trainer.checkpoint_callback, "dirpath", None)
+                             or RunSummary.run_dir(trainer) / "checkpoints")
+            path = directory / f"{status}.ckpt"
+            trainer.save_checkpoint(path)
         reason = str(exception) or type(exception).__name__
         summary = next((cb for cb in trainer.callbacks if isinstance(cb, RunSummary)), None)
         if summary is not None:
             summary.write_stopped(trainer, pl_module, status, reason, path)
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and path is not None:
             print(f"run {status} at step {trainer.global_step} ({reason}); checkpoint saved to {path}; resume "
                   f"with --ckpt_path {path}", file=sys.stderr, flush=True)
 

@@ -94,7 +94,7 @@ class RunState:
         return cls(model_name_or_path=state["model_name_or_path"], engine_version=state["engine_version"],
                    engine_state=state["engine_state"], nan_steps=state["nan_steps"],
                    ranks=[RankState(**r) for r in ranks], lora=LoraState(**lora) if lora else None,
-                   fingerprint=state.get("fingerprint"))
+                   fingerprint=state.get("fingerprint"), schema=schema)
 
 
 def run_fingerprint(settings: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:

@@ -100,9 +100,11 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
     """Raise ValueError naming ``file:line`` of the first prompt whose tokens plus ``max_new_tokens`` exceed
     the model's ``context``.
 
-    Only prompts longer in UTF-8 bytes than the room left are tokenized: a tokenizer makes at
-    most one token per byte (byte-level BPE, characters, sentencepiece with byte fallback)
-    plus the template's own tokens, so the check stays cheap on large files.
+    Cheap on large files and long lines: a prompt no longer in UTF-8 bytes than the room left
+    passes untokenized (a tokenizer makes at most one token per byte: byte-level BPE,
+    characters, sentencepiece with byte fallback; plus the template's own tokens), and one
+    longer in characters than ``room`` times the longest vocabulary entry fails untokenized
+    (each token covers at most that many characters).
     """
     if context is None:
         return
@@ -111,14 +113,19 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
         raise ValueError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
                          f"of {context} tokens; lower model.rollout.sampling.max_new_tokens / model.eval.max_new_tokens")
     overhead = len(encode_prompt(tokenizer, "", chat_template))
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
     for row in rows:
         if len(row.prompt.encode()) + overhead <= room:
             continue
-        length = len(encode_prompt(tokenizer, row.prompt, chat_template))
-        if length > room:
-            raise ValueError(f"{row.source}: the prompt is {length} tokens; with max_new_tokens {max_new_tokens} "
-                             f"it exceeds the model's context of {context} tokens (at most {room} prompt tokens); "
-                             "shorten or drop the row, or lower max_new_tokens")
+        if len(row.prompt) > room * longest:
+            length = f"at least {-(-len(row.prompt) // longest)}"
+        else:
+            length = len(encode_prompt(tokenizer, row.prompt, chat_template))
+            if length <= room:
+                continue
+        raise ValueError(f"{row.source}: the prompt is {length} tokens; with max_new_tokens {max_new_tokens} "
+                         f"it exceeds the model's context of {context} tokens (at most {room} prompt tokens); "
+                         "shorten or drop the row, or lower max_new_tokens")
 
 
 def check_buffer_tokens(path: str | Path, vocab_size: int) -> None:

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
+from ggpo_lightning.atomic import remove_orphans
 from ggpo_lightning.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.checkpoint_io import AtomicCheckpointIO
 from ggpo_lightning.data import PromptGroupDataModule
@@ -90,15 +90,19 @@ def lock_logger_directory(trainer_config: Any):
     and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
 
     None (no lock) when the logger is off or does not take a ``version`` (``save_dir/name/version`` loggers do:
-    CSV, TensorBoard)."""
+    CSV, TensorBoard). Also removes what killed earlier runs left half-written in the sibling run directories
+    and their ``checkpoints/`` (:func:`~ggpo_lightning.atomic.remove_orphans`)."""
     from lightning.pytorch.cli import instantiate_class
 
     logger = trainer_config.get("logger")
     if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
         return None
     instance = instantiate_class((), logger.as_dict())
-    handle = lock_run_directory(Path(instance.log_dir))
+    run_dir = Path(instance.log_dir)
+    handle = lock_run_directory(run_dir)
     logger["init_args"]["version"] = instance.version
+    for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
+        remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
     return handle
 
 

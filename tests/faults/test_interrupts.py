@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from conftest import STEPS, assert_same_weights, orphans, run, run_dir, train_args, weights
+from faultkit import STEPS, assert_same_weights, orphans, run, run_dir, train_args, weights
 from ggpo_lightning.checkpoint_io import check_checkpoint
 
 
@@ -43,9 +43,11 @@ def _trial(seed: int, tmp_path, tiny_model_dir, fault_data, reference_weights, t
         check_checkpoint(last)  # complete: the previous checkpoint, never a torn one
         weights(last)
         resume = ["--ckpt_path", str(last)]
-    code, out = run(train_args(tmp_path / "resumed", tiny_model_dir, fault_data, *resume), tmpdir=tmpdir)
+    # the same recipe again, as a user would: the next version directory of the same logger folder
+    code, out = run(train_args(tmp_path / "killed", tiny_model_dir, fault_data, *resume), tmpdir=tmpdir)
     assert code == 0, out
-    assert_same_weights(weights(run_dir(tmp_path / "resumed") / "checkpoints" / "last.ckpt"), reference_weights)
+    resumed = run_dir(tmp_path / "killed").with_name("version_1")
+    assert_same_weights(weights(resumed / "checkpoints" / "last.ckpt"), reference_weights)
     assert not orphans(tmp_path, tmpdir)
     assert not list(tmpdir.iterdir())
     return plan
