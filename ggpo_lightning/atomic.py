@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_directory", "remove_orphans",
+__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_directory", "fsync_file", "remove_orphans",
            "temporary_name"]
 
 
@@ -46,6 +46,12 @@ def atomic_open(path: str | os.PathLike[str], binary: bool = False) -> Iterator[
 def temporary_name(path: Path) -> Path:
     """A unique hidden name beside ``path`` that records the writing process: ``.NAME.PID.RANDOM.tmp``."""
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def fsync_file(path: Path) -> None:
+    """Flush ``path``'s content to disk."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def fsync_directory(directory: Path) -> None:

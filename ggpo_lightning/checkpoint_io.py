@@ -4,23 +4,27 @@
 ``TorchCheckpointIO``: each checkpoint is written to a temporary file beside its target
 (never in ``$TMPDIR``, which may be another file system), fsynced, renamed over the
 target and the rename fsynced, so ``last.ckpt`` is always the previous complete
-checkpoint or the new one, also after ``kill -9``. Temporary files of killed writers
+checkpoint or the new one, also after ``kill -9``; sharded checkpoints (folders) the same
+way through :class:`AtomicModelParallelStrategy`. Temporary files of killed writers
 are removed at the next save or load in that folder. A checkpoint that is empty or
 truncated is named as such, with the newest loadable checkpoint beside it suggested.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
 
-from ggpo_lightning.atomic import atomic_open, remove_orphans
+from ggpo_lightning.atomic import atomic_open, fsync_directory, fsync_file, remove_orphans, temporary_name
 
-__all__ = ["AtomicCheckpointIO", "CheckpointError", "check_checkpoint"]
+__all__ = ["AtomicCheckpointIO", "AtomicModelParallelStrategy", "CheckpointError", "check_checkpoint"]
 
 
 class CheckpointError(ValueError):
@@ -89,3 +93,34 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, map_location, weights_only)
         except (EOFError, RuntimeError, zipfile.BadZipFile) as exc:  # a damaged body behind a valid directory
             _raise(Path(path), f"is corrupt ({type(exc).__name__}: {exc})")
+
+
+class AtomicModelParallelStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` whose sharded checkpoints (folders of ``torch.distributed.checkpoint``
+    shards and ``meta.pt``) are written into a temporary folder beside the target and renamed into place
+    once every rank has written its shards. ``ggpo-train`` uses it in place of ``ModelParallelStrategy``.
+
+    A folder cannot be renamed over a folder: the previous checkpoint is renamed aside first and removed
+    after, so a kill between the two renames leaves both complete folders (the new one under its
+    temporary name) and no torn one; :func:`check_checkpoint` then names the target as missing.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)  # one file, via AtomicCheckpointIO
+        path = Path(self.broadcast(str(filepath)))
+        tmp = Path(self.broadcast(str(temporary_name(path))))  # rank 0's name on every rank
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("AtomicModelParallelStrategy.save_checkpoint")
+        if self.global_rank == 0:
+            fsync_file(tmp / "meta.pt")
+            aside = temporary_name(path) if path.exists() else None
+            if aside is not None:
+                os.replace(path, aside)
+            os.replace(tmp, path)
+            fsync_directory(path.parent)
+            if aside is not None and aside.is_dir():
+                shutil.rmtree(aside)
+            elif aside is not None:
+                aside.unlink()
+        self.barrier("AtomicModelParallelStrategy.save_checkpoint done")

@@ -14,10 +14,11 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ggpo_lightning.atomic import remove_orphans
 from ggpo_lightning.callbacks import RunGuard, RunInterrupted, RunSummary
-from ggpo_lightning.checkpoint_io import AtomicCheckpointIO
+from ggpo_lightning.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
 from ggpo_lightning.data import PromptGroupDataModule
 from ggpo_lightning.health import RunAborted
 from ggpo_lightning.module import GGPOModule
@@ -82,6 +83,8 @@ class GGPOTrainCLI(LightningCLI):
         trainer.callbacks.append(RunGuard())
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's plugin stays
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
+            trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
 
 
