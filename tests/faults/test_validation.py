@@ -172,3 +172,25 @@ def test_an_empty_or_truncated_checkpoint_is_named_and_the_newest_loadable_sugge
     (folder / "epoch=0-step=2.ckpt").touch()  # the newest, but loadable
     with pytest.raises(CheckpointError, match=rf"checkpoint {last} {problem}.*resume from {folder}/epoch=0-step=2.ckpt"):
         run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--ckpt_path", str(last)))
+
+
+def test_the_data_fingerprint_tells_a_reordered_or_longer_file_apart(tmp_path, fault_data):
+    from ggpo_lightning.checkpoint import fingerprint_differences, run_fingerprint
+    from ggpo_lightning.data import PromptGroupDataModule
+
+    lines = (fault_data / "train.jsonl").read_text().splitlines(keepends=True)
+    variants = {"same": lines, "reordered": lines[::-1], "longer": lines + lines[:1]}
+    prints = {}
+    for name, content in variants.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(content))
+        datamodule = PromptGroupDataModule(train_path=str(tmp_path / f"{name}.jsonl"))
+        datamodule.load_rows()
+        prints[name] = run_fingerprint({"model.objective.beta": 0.04}, datamodule.fingerprint())
+    saved = prints["same"]
+    reordered = fingerprint_differences(saved, {**prints["reordered"], "data": {**prints["reordered"]["data"],
+                                                                                "train": saved["data"]["train"]}})
+    assert [d.split(":")[0] for d in reordered] == ["training data order_sha256"]
+    longer = [d.split(":")[0] for d in fingerprint_differences(saved, prints["longer"])]
+    assert longer == ["training data bytes", "training data order_sha256", "training data rows", "training data train"]
+    beta = fingerprint_differences(saved, run_fingerprint({"model.objective.beta": 0.1}, saved["data"]))
+    assert beta == ["model.objective.beta: checkpoint 0.04, now 0.1"]
