@@ -235,8 +235,10 @@ class RunGuard(Checkpoint):
     ``summary.json`` gets ``status`` (``interrupted``/``aborted``), ``reason`` and
     ``checkpoint`` (:meth:`RunSummary.write_stopped`). No checkpoint before training starts:
     a deliberate stop there (the starting model's evaluation found a broken verifier) writes
-    the summary only; any other error there (configuration, resume) writes nothing. A :class:`Checkpoint` subclass, so Lightning
-    runs it after the module's schedules (the saved engine and reference are the step's).
+    the summary only; any other error there (configuration, resume) writes nothing.
+
+    A :class:`Checkpoint` subclass, so Lightning runs it after the module's schedules (the
+    saved engine and reference are the step's).
     """
 
     def __init__(self) -> None:

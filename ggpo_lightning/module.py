@@ -392,8 +392,9 @@ class GGPOModule(L.LightningModule):
         """What a resume must match (:func:`~ggpo_lightning.checkpoint.run_fingerprint`): the settings that define
         the run and, with a DataModule attached, the training data's fingerprint."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        settings = {"model.objective.name": self.objective_config.name, "model.objective.beta": self.objective_config.beta,
-                    "model.rollout.k": self.rollout_config.k, "model.rollout.sync_every": self.rollout_config.sync_every,
+        objective, rollout = self.objective_config, self.rollout_config
+        settings = {"model.objective.name": objective.name, "model.objective.beta": objective.beta,
+                    "model.rollout.k": rollout.k, "model.rollout.sync_every": rollout.sync_every,
                     "model.model_name_or_path": self.model_name_or_path,
                     "data.prompts_per_step": getattr(datamodule, "prompts_per_step", None)}
         return run_fingerprint(settings, datamodule.fingerprint() if datamodule is not None else None)

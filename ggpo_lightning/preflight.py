@@ -55,7 +55,7 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
 
 
 def _check_optimizer(optimizer: Any) -> None:
-    init_args = (optimizer or {}).get("init_args") or {} if isinstance(optimizer, dict) else {}
+    init_args = (optimizer.get("init_args") or {}) if isinstance(optimizer, dict) else {}
     lr = init_args.get("lr")
     if isinstance(lr, (int, float)) and not lr > 0:
         raise ValueError(f"model.optimizer.init_args.lr must be > 0, got {lr}")
@@ -110,8 +110,8 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
         return
     room = context - max_new_tokens
     if room < 1:
-        raise ValueError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
-                         f"of {context} tokens; lower model.rollout.sampling.max_new_tokens / model.eval.max_new_tokens")
+        raise ValueError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context of "
+                         f"{context} tokens; lower model.rollout.sampling.max_new_tokens / model.eval.max_new_tokens")
     overhead = len(encode_prompt(tokenizer, "", chat_template))
     longest = max(map(len, tokenizer.get_vocab()), default=1)
     for row in rows:

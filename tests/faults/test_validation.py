@@ -61,7 +61,8 @@ def test_a_negative_learning_rate_in_yaml_fails_before_the_weights_load(tmp_path
 
 
 def test_a_non_utf8_byte_names_the_file_and_line(tmp_path, tiny_model_dir, fault_data, no_weights):
-    bad = write_lines(tmp_path / "train.jsonl", [row("1+2="), row("1+1=", "2"), b'{"prompt": "2+\xff=", "answer": "2"}'])
+    bad = write_lines(tmp_path / "train.jsonl",
+                      [row("1+2="), row("1+1=", "2"), b'{"prompt": "2+\xff=", "answer": "2"}'])
     with pytest.raises(ValueError, match=rf"{bad}:3: not UTF-8 \(byte 0xff at column 15\)"):
         run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--data.train_path", str(bad)))
 
@@ -170,7 +171,8 @@ def test_an_empty_or_truncated_checkpoint_is_named_and_the_newest_loadable_sugge
     last = folder / "last.ckpt"
     last.write_bytes(last.read_bytes()[:damage])
     (folder / "epoch=0-step=2.ckpt").touch()  # the newest, but loadable
-    with pytest.raises(CheckpointError, match=rf"checkpoint {last} {problem}.*resume from {folder}/epoch=0-step=2.ckpt"):
+    with pytest.raises(CheckpointError,
+                       match=rf"checkpoint {last} {problem}.*resume from {folder}/epoch=0-step=2.ckpt"):
         run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--ckpt_path", str(last)))
 
 
