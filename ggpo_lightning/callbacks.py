@@ -288,7 +288,8 @@ class RunGuard(Checkpoint):
             print(f"run {status} at step {trainer.global_step} ({reason}); checkpoint saved to {path}; resume "
                   f"with --ckpt_path {path}", file=sys.stderr, flush=True)
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # here, not in teardown: Lightning restores its own signal handlers before the teardown hooks run
         self._restore_handlers()
 
     def _restore_handlers(self) -> None:
