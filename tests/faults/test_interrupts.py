@@ -88,3 +88,11 @@ def test_kill_9_at_20_random_points(tmp_path, tiny_model_dir, fault_data, refere
                     other_filesystem_tmpdir) for seed in range(20)]
     print("plans:", plans)
     assert len({p.split("=")[0] for p in plans}) == 3  # saves, steps and rollouts were all hit
+
+
+def test_a_finished_run_leaves_the_signal_handlers_as_it_found_them(tmp_path, tiny_model_dir, fault_data):
+    from ggpo_lightning.train import run_training
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--trainer.max_steps", "1"))
+    assert {s: signal.getsignal(s) for s in before} == before
