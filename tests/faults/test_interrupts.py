@@ -84,9 +84,11 @@ def test_kill_9_in_the_middle_of_a_checkpoint_save(tmp_path, tiny_model_dir, fau
 
 @pytest.mark.slow
 def test_kill_9_at_20_random_points(tmp_path, tiny_model_dir, fault_data, reference_weights, other_filesystem_tmpdir):
-    plans = [_trial(seed, tmp_path / f"trial-{seed}", tiny_model_dir, fault_data, reference_weights,
-                    other_filesystem_tmpdir) for seed in range(20)]
-    print("plans:", plans)
+    plans = []
+    for seed in range(20):
+        plans.append(_trial(seed, tmp_path / f"trial-{seed}", tiny_model_dir, fault_data, reference_weights,
+                            other_filesystem_tmpdir))
+        print(f"trial {seed}: {plans[-1]}: resumed to the uninterrupted weights, no orphans", flush=True)
     assert len({p.split("=")[0] for p in plans}) == 3  # saves, steps and rollouts were all hit
 
 
