@@ -43,7 +43,12 @@ def start(args: list[str], *plan: str, tmpdir: Path | None = None) -> subprocess
 def run(args: list[str], *plan: str, tmpdir: Path | None = None, timeout: float = 300) -> tuple[int, str]:
     """Run to the end; ``(exit code, output)``."""
     proc = start(args, *plan, tmpdir=tmpdir)
-    out, _ = proc.communicate(timeout=timeout)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # no stray trainer left behind
+        proc.communicate()
+        raise
     return proc.returncode, out
 
 
