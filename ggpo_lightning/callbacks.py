@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import Checkpoint, RichProgressBar
 
 from ggpo_lightning.atomic import atomic_write_text
-from ggpo_lightning.distributed import sum_across_ranks
+from ggpo_lightning.distributed import sum_across_ranks, world
 from ggpo_lightning.export import write_folder
+from ggpo_lightning.health import RunAborted
 
-__all__ = ["ReferenceRefresh", "RolloutSync", "RunSummary", "StepProgressBar"]
+__all__ = ["ReferenceRefresh", "RolloutSync", "RunGuard", "RunInterrupted", "RunSummary", "StepProgressBar"]
+
+log = logging.getLogger(__name__)
 
 
 class _EveryNUpdates(L.Callback, abc.ABC):
@@ -93,8 +100,10 @@ class RunSummary(L.Callback):
     inference engines; a LoRA run saves its adapter in ``final_adapter/`` and the merged
     model in ``final_model/`` on request (:func:`~ggpo_lightning.export.export_targets`). ``summary.json`` in the
     run directory holds ``accuracy_before``, ``accuracy_after`` (fractions),
-    ``optimizer_steps``, ``generated_samples``, ``wall_seconds``, ``recipe`` and the export
-    folders (``final_model``, with LoRA ``final_adapter``; null when not written).
+    ``optimizer_steps``, ``generated_samples``, ``wall_seconds``, ``recipe``, the export
+    folders (``final_model``, with LoRA ``final_adapter``; null when not written) and
+    ``status``: ``completed``; a run stopped by a signal or an error says ``interrupted``
+    or ``aborted`` with its ``reason`` and ``checkpoint`` (:class:`RunGuard`).
 
     Args:
         export: save the final model.
@@ -128,30 +137,53 @@ class RunSummary(L.Callback):
         accuracy_after = pl_module.evaluate(rows) if rows else None
         run_dir = self.run_dir(trainer)
         exported = pl_module.exports(run_dir) if self.export else {}
-        generated = int(sum_across_ranks(torch.tensor([pl_module.generated_samples], dtype=torch.float64,
-                                                          device=pl_module.device)).item())
+        generated = self._generated(pl_module)
         if not trainer.is_global_zero:
             return
         for target, write in exported.items():
             write_folder(target, write)
         exported_names = {target.name: str(target) for target in exported}
-        summary = {
+        summary = {**self._common(trainer, pl_module, "completed", generated), "accuracy_after": accuracy_after,
+                   "final_model": exported_names.get("final_model")}
+        if pl_module.policy.lora is not None:
+            summary["final_adapter"] = exported_names.get("final_adapter")
+        self._write(run_dir, summary)
+        self._print_table(summary)
+
+    def write_stopped(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str, reason: str,
+                      checkpoint: Path | None) -> None:
+        """``summary.json`` of a run that did not finish: ``status`` (``interrupted`` or ``aborted``), ``reason``
+        and the ``checkpoint`` to resume from; no final evaluation or export. Every rank calls it (the sample
+        count is summed); rank 0 writes."""
+        generated = self._generated(pl_module)
+        if not trainer.is_global_zero:
+            return
+        summary = {**self._common(trainer, pl_module, status, generated), "reason": reason,
+                   "checkpoint": None if checkpoint is None else str(checkpoint)}
+        self._write(self.run_dir(trainer), summary)
+
+    def _common(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str, generated: int) -> dict:
+        return {
+            "status": status,
             "recipe": self.recipe,
             "objective": pl_module.objective.name,
             "accuracy_before": self.accuracy_before,
-            "accuracy_after": accuracy_after,
             "optimizer_steps": trainer.global_step,
             "generated_samples": generated,
             "skipped_nan_steps": pl_module.nan_steps,
             "wall_seconds": round(self._wall_before + time.perf_counter() - self._start, 2),
-            "val_prompts": len(rows),
-            "final_model": exported_names.get("final_model"),
+            "val_prompts": len(trainer.datamodule.val_rows),
         }
-        if pl_module.policy.lora is not None:
-            summary["final_adapter"] = exported_names.get("final_adapter")
+
+    @staticmethod
+    def _generated(pl_module: L.LightningModule) -> int:
+        return int(sum_across_ranks(torch.tensor([pl_module.generated_samples], dtype=torch.float64,
+                                                 device=pl_module.device)).item())
+
+    @staticmethod
+    def _write(run_dir: Path, summary: dict[str, Any]) -> None:
         path = run_dir / "summary.json"
         atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
-        self._print_table(summary)
         print(f"summary written to {path}", flush=True)
 
     @staticmethod
@@ -174,3 +206,93 @@ class RunSummary(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.accuracy_before = state_dict["accuracy_before"]
         self._wall_before = state_dict["wall_seconds"]
+
+
+class RunInterrupted(RunAborted):
+    """SIGINT or SIGTERM stopped the run after a step (:class:`RunGuard`)."""
+
+    status = "interrupted"
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class RunGuard(Checkpoint):
+    """Nothing lost when a run stops early: a checkpoint and a ``summary.json`` that says why.
+
+    - SIGINT (Ctrl-C) or SIGTERM: the step in progress finishes, then ``interrupted.ckpt``
+      is saved in the checkpoint folder (the state an uninterrupted run had after that
+      step: resuming from it continues draw for draw) and :class:`RunInterrupted` ends
+      the run (``ggpo-train`` exits 128 + the signal number). A second signal stops at once
+      (Lightning's KeyboardInterrupt handling; the checkpoint is then taken mid-step).
+    - :class:`~ggpo_lightning.health.RunAborted` (e.g. a failing verifier): ``aborted.ckpt``,
+      on every process.
+    - Any other exception on one process: ``aborted.ckpt`` with the state at the failure
+      (resumable, not draw for draw). On several processes only the deliberate stops
+      save: the other ranks may not reach the collective save.
+
+    ``summary.json`` gets ``status`` (``interrupted``/``aborted``), ``reason`` and
+    ``checkpoint`` (:meth:`RunSummary.write_stopped`). No checkpoint before training starts:
+    a deliberate stop there (the starting model's evaluation found a broken verifier) writes
+    the summary only; any other error there (configuration, resume) writes nothing.
+
+    A :class:`Checkpoint` subclass, so Lightning runs it after the module's schedules (the
+    saved engine and reference are the step's).
+    """
+
+    def __init__(self) -> None:
+        self.requested: int | None = None  # the signal received, until the step ends
+        self._previous: dict[int, Any] = {}
+        self._training = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training = True
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt  # the second signal: stop now
+        self.requested = signum
+        name = signal.Signals(signum).name
+        print(f"\n{name} received: saving a checkpoint after this step, then stopping ({name} again: stop now)",
+              file=sys.stderr, flush=True)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        signum = float(self.requested or 0)
+        if world()[1] > 1:  # a signal that reached one rank stops all of them at this step
+            signum = float(sum_across_ranks(torch.tensor([signum], device=pl_module.device)).item())
+        if signum:
+            raise RunInterrupted(self.requested or signal.SIGTERM)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_handlers()
+        deliberate = isinstance(exception, RunAborted)
+        if not (self._training or deliberate) or (not deliberate and world()[1] > 1):
+            return
+        status = exception.status if deliberate else (
+            "interrupted" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "aborted")
+        path = None
+        if self._training:  # before the first step there is nothing to save
+            directory = Path(getattr(trainer.checkpoint_callback, "dirpath", None)
+                             or RunSummary.run_dir(trainer) / "checkpoints")
+            path = directory / f"{status}.ckpt"
+            trainer.save_checkpoint(path)
+        reason = str(exception) or type(exception).__name__
+        summary = next((cb for cb in trainer.callbacks if isinstance(cb, RunSummary)), None)
+        if summary is not None:
+            summary.write_stopped(trainer, pl_module, status, reason, path)
+        if trainer.is_global_zero and path is not None:
+            print(f"run {status} at step {trainer.global_step} ({reason}); checkpoint saved to {path}; resume "
+                  f"with --ckpt_path {path}", file=sys.stderr, flush=True)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # here, not in teardown: Lightning restores its own signal handlers before the teardown hooks run
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        while self._previous:
+            signum, handler = self._previous.popitem()
+            signal.signal(signum, handler)

@@ -7,7 +7,8 @@ weights, optimizer, loops, callbacks, the DataModule's state) plus one entry,
 schema (:func:`read_checkpoint`). Torch only, no Lightning.
 
 Schema versions: 1 (checkpoints written before the schema was made explicit) had no ``schema`` key and, before per-rank state, kept
-one process's ``rng`` and ``generated_samples`` at the top level; both still load.
+one process's ``rng`` and ``generated_samples`` at the top level; both still load. 2 had no
+``fingerprint``; such checkpoints resume with a warning that nothing was checked.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from torch import Tensor
 from ggpo_lightning.distributed import world
 
 __all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "LoraState", "RankState", "RunState", "current_rank_state",
-           "learner_weights", "read_checkpoint", "restore_rank_state"]
+           "fingerprint_differences", "learner_weights", "read_checkpoint", "restore_rank_state", "run_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "ggpo"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -69,6 +70,8 @@ class RunState:
     ranks: list[RankState]
     """Per-process sampling state, rank order."""
     lora: LoraState | None = None
+    fingerprint: dict[str, Any] | None = None
+    """What defines the run (:func:`run_fingerprint`), compared on resume; None before schema 3."""
     schema: int = field(default=SCHEMA_VERSION)
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,7 +79,7 @@ class RunState:
         return {"schema": self.schema, "model_name_or_path": self.model_name_or_path,
                 "engine_version": self.engine_version, "engine_state": self.engine_state,
                 "nan_steps": self.nan_steps, "ranks": [vars(r) for r in self.ranks],
-                "lora": asdict(self.lora) if self.lora else None}
+                "lora": asdict(self.lora) if self.lora else None, "fingerprint": self.fingerprint}
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> RunState:
@@ -90,7 +93,27 @@ class RunState:
         lora = state.get("lora")
         return cls(model_name_or_path=state["model_name_or_path"], engine_version=state["engine_version"],
                    engine_state=state["engine_state"], nan_steps=state["nan_steps"],
-                   ranks=[RankState(**r) for r in ranks], lora=LoraState(**lora) if lora else None)
+                   ranks=[RankState(**r) for r in ranks], lora=LoraState(**lora) if lora else None,
+                   fingerprint=state.get("fingerprint"), schema=schema)
+
+
+def run_fingerprint(settings: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint's record of what defines its run: ``settings`` (objective, beta, k, sync_every,
+    prompts_per_step, model base; recipe key -> value) and ``data``, the training data's fingerprint
+    (``PromptGroupDataModule.fingerprint``: source, bytes, rows, SHA-256 of the rows in order)."""
+    return {"settings": dict(settings), "data": None if data is None else dict(data)}
+
+
+def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"key: checkpoint X, now Y"`` for each setting or data property that differs (empty: the same run)."""
+    differences = []
+    for part in ("settings", "data"):
+        old, new = saved.get(part) or {}, current.get(part) or {}
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                name = key if part == "settings" else f"training data {key}"
+                differences.append(f"{name}: checkpoint {old.get(key)!r}, now {new.get(key)!r}")
+    return differences
 
 
 def current_rank_state(generated_samples: int) -> RankState:

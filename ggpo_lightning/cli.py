@@ -7,6 +7,7 @@ Heavy modules (torch, transformers, lightning) are imported inside the commands,
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -148,9 +149,14 @@ def train_main(args: list[str] | None = None) -> None:
     :class:`~ggpo_lightning.data.PromptGroupDataModule`; ``--print_config`` prints the
     resolved recipe, ``--ckpt_path`` resumes a run.
     """
-    from ggpo_lightning.train import run_training
+    from ggpo_lightning.health import RunAborted
+    from ggpo_lightning.train import exit_code, run_training
 
-    run_training(args)
+    try:
+        run_training(args)
+    except RunAborted as stop:  # the checkpoint and summary.json are saved (RunGuard); no traceback
+        print(f"ggpo-train: {stop.status}: {stop}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(stop))
 
 
 from ggpo_lightning.data_cli import data_group  # noqa: E402

@@ -24,6 +24,8 @@ process would have written it, into one ``behavior_buffer.jsonl``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -197,11 +199,35 @@ class PromptGroupDataModule(L.LightningDataModule):
         if self.prompts_per_step % world_size:
             raise ValueError(f"data.prompts_per_step ({self.prompts_per_step}) must be a multiple of the number of "
                              f"processes ({world_size}): each rank trains on an equal share of the step's groups")
+        self.load_rows()
+
+    def load_rows(self) -> None:
+        """Read the training and held-out prompts (once); errors name ``file:line`` (:mod:`~ggpo_lightning.records`).
+
+        ``ggpo-train`` calls it before any model loads (:mod:`~ggpo_lightning.preflight`)."""
+        if self.train_path is not None and not Path(self.train_path).is_file() and self.synthetic is None:
+            raise FileNotFoundError(f"data.train_path {self.train_path} does not exist; check the path, or set "
+                                    "data.synthetic to generate the synthetic task there")
+        if self.buffer_path is not None and not Path(self.buffer_path).is_file():
+            raise FileNotFoundError(f"data.buffer_path {self.buffer_path} does not exist; give a behavior buffer "
+                                    "JSONL file (a run's behavior_buffer.jsonl)")
         if not self.train_rows:
             self.train_rows = self._load(self.train_path, self.dataset["train_split"])
         if not self.val_rows:
             val = self._load(self.val_path, self.dataset["val_split"])
             self.val_rows = val[: self.val_size]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the training data for a resume check: source, size in bytes (files), row count and
+        a SHA-256 of the rows in file order (ids, prompts and golds). Needs :meth:`load_rows` first."""
+        digest = hashlib.sha256()
+        for row in self.train_rows:
+            digest.update(json.dumps([row.id, row.prompt, row.gold]).encode())
+        if self.train_path is not None:
+            source, size = str(Path(self.train_path).resolve()), Path(self.train_path).stat().st_size
+        else:
+            source, size = f"{self.dataset['name']}[{self.dataset['train_split']}]", None
+        return {"train": source, "bytes": size, "rows": len(self.train_rows), "order_sha256": digest.hexdigest()}
 
     def _load(self, path: str | None, split: str | None) -> list[PromptRow]:
         name = self.dataset["name"]
@@ -240,6 +266,11 @@ class PromptGroupDataModule(L.LightningDataModule):
         self.buffer.load_state_dict(self._my_buffer_state(state.get("buffers") or [state["buffer"]]))
         self._order, self._cursor, self._epoch = state["order"], state["cursor"], state["epoch"]
         self._filled = state["filled"]
+        if self._order and (len(self._order) != len(self.train_rows)):
+            # other training data (a resume with resume_mismatch_ok): the saved pass does not index it
+            warnings.warn(f"the checkpoint's prompt order covers {len(self._order)} prompts, the training data has "
+                          f"{len(self.train_rows)}: a new pass over the data starts", stacklevel=2)
+            self._order, self._cursor = [], 0
 
     @staticmethod
     def _my_buffer_state(buffers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ggpo_lightning.atomic import fsync_directory, remove_orphans, temporary_name
 from ggpo_lightning.distributed import world
 from ggpo_lightning.lora import plain_state_dict, save_adapter
 from ggpo_lightning.policy import Policy
@@ -94,19 +94,21 @@ def _gathered_plain_model(learner: torch.nn.Module):
 def write_folder(target: Path, write: Writer) -> None:
     """``write`` into a temporary folder next to ``target``, then put it in place: no half-written exports.
 
-    The folder gets the permissions of a folder made by ``mkdir`` under the process umask
-    (``mkdtemp`` alone would leave it private, mode 0700).
+    The folder (:func:`~ggpo_lightning.atomic.temporary_name`, so that a killed process's is
+    found by :func:`~ggpo_lightning.atomic.remove_orphans`) is made by ``mkdir`` under the
+    process umask: normal permissions, not the private 0700 of ``mkdtemp``. The rename is
+    fsynced into the parent folder.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    remove_orphans(target.parent)
+    tmp = temporary_name(target)
+    tmp.mkdir()
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
+        fsync_directory(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # no orphan temporary folder
         raise

@@ -37,11 +37,13 @@ from torch import Tensor
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, pack_step
 from ggpo_lightning.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
-from ggpo_lightning.checkpoint import CHECKPOINT_KEY, RunState, current_rank_state, restore_rank_state
-from ggpo_lightning.distributed import all_gather_objects, reduce_step_metrics, world
+from ggpo_lightning.checkpoint import (CHECKPOINT_KEY, RunState, current_rank_state, fingerprint_differences,
+                                       restore_rank_state, run_fingerprint)
+from ggpo_lightning.distributed import all_gather_objects, reduce_step_metrics, sum_across_ranks, world
 from ggpo_lightning.drift import behavior_anchor, drift_diagnostics
 from ggpo_lightning.evaluation import EvalConfig, accuracy_across_ranks, count_correct, decoding_settings
 from ggpo_lightning.export import Writer, export_targets
+from ggpo_lightning.health import VerifierHealth, VerifierHealthConfig
 from ggpo_lightning.logprobs import supports_packed
 from ggpo_lightning.lora import LoraSettings
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
@@ -72,6 +74,8 @@ class GGPOModule(L.LightningModule):
         verifier: answer checker: a registry name (``math``, ``numeric``, ``exact``, or
             a plugin) or ``{"class_path": ..., "init_args": ...}``.
         verifier_timeout: wall-clock seconds per answer check.
+        verifier_health: when a broken verifier aborts the run (failed-check share, patience) and
+            when a slow one is warned about (:class:`~ggpo_lightning.health.VerifierHealthConfig`).
         ref_refresh_every: copy the learner into the reference every N optimizer updates
             (0 = never).
         optimizer: optimizer over the learner's parameters only.
@@ -89,6 +93,9 @@ class GGPOModule(L.LightningModule):
             ``peft``; see :mod:`ggpo_lightning.lora`).
     """
 
+    resume_mismatch_ok = False
+    """Resume a checkpoint whose fingerprint differs from this run's (``--resume_mismatch_ok true``), with a warning."""
+
     def __init__(
         self,
         model_name_or_path: str,
@@ -97,6 +104,7 @@ class GGPOModule(L.LightningModule):
         eval: EvalConfig | None = None,
         verifier: str | dict = "math",
         verifier_timeout: float = 5.0,
+        verifier_health: VerifierHealthConfig | None = None,
         ref_refresh_every: int = 160,
         optimizer: OptimizerCallable = _default_optimizer,
         logprob_chunk_size: int = 4096,
@@ -110,8 +118,9 @@ class GGPOModule(L.LightningModule):
         self.objective_config = objective or ObjectiveConfig()
         self.rollout_config = rollout or RolloutConfig()
         self.eval_config = eval or EvalConfig()
-        _check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, ref_refresh_every,
-                        max_nan_steps, lora)
+        self.verifier_health = VerifierHealth(verifier_health or VerifierHealthConfig())
+        _check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, verifier_timeout,
+                        self.verifier_health.config, ref_refresh_every, max_nan_steps, lora)
         self.objective = get_objective(self.objective_config.name)
         self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
         self.ref_refresh_every = ref_refresh_every
@@ -273,7 +282,7 @@ class GGPOModule(L.LightningModule):
         mask, rewards = inputs.mask, inputs.rewards  # [G, K]
         n = mask.sum().clamp(min=1)
         logp = inputs.logp.detach()  # [G, K]
-        rollout_seconds, rollout_tokens = self.rollout.take_step_counts()
+        rollout_seconds, rollout_tokens, verify_seconds = self.rollout.take_step_counts()
         verifier_stats = self.rollout.verifier.reset_stats().as_dict(prefix="verifier/")
         metrics = {
             "loss": loss.detach(),
@@ -289,7 +298,11 @@ class GGPOModule(L.LightningModule):
         }
         if inputs.behavior_logp is not None:
             metrics.update(drift_diagnostics(logp, inputs.behavior_logp, inputs.ref_logp, rewards, mask).as_dict())
-        return reduce_step_metrics(metrics, self.device)
+        metrics = reduce_step_metrics(metrics, self.device)
+        # the same counts (reduced) on every rank: every rank aborts at the same step, or none does
+        self.verifier_health.check_step({k.removeprefix("verifier/"): float(metrics[k]) for k in verifier_stats},
+                                        self.global_step, verify_seconds)
+        return metrics
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
@@ -358,10 +371,16 @@ class GGPOModule(L.LightningModule):
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
         config, sampling = self.eval_config, self.rollout_config.sampling
+        self.rollout.verifier.reset_stats()
         correct = count_correct(self.learner, self.tokenizer, [self.rollout.encode(r.prompt) for r in rows],
                                 [r.gold for r in rows], self.rollout.verifier, 1,
                                 decoding_settings(config.temperature, sampling.top_p),
                                 config.max_new_tokens or sampling.max_new_tokens, config.batch_size, seed=0)
+        stats = self.rollout.verifier.reset_stats()
+        counts = sum_across_ranks(torch.tensor([stats.crashed, stats.timeout, stats.total], dtype=torch.float64,
+                                               device=self.device)).tolist()
+        self.verifier_health.check_evaluation(dict(zip(("crashed", "timeout", "total"), counts)),
+                                              f"held-out evaluation at step {self.global_step}")
         return accuracy_across_ranks(correct, 1, len(rows), self.device)
 
     def validation_step(self, rows: list[PromptRow], batch_idx: int) -> None:
@@ -379,10 +398,38 @@ class GGPOModule(L.LightningModule):
         ranks = all_gather_objects(current_rank_state(self.generated_samples))
         checkpoint[CHECKPOINT_KEY] = RunState(
             self.model_name_or_path, self.engine.version, self.policy.engine_state_to_save(self.global_step),
-            self.nan_steps, ranks, self.policy.lora_state()).to_dict()
+            self.nan_steps, ranks, self.policy.lora_state(), self.run_fingerprint()).to_dict()
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """What a resume must match (:func:`~ggpo_lightning.checkpoint.run_fingerprint`): the settings that define
+        the run and, with a DataModule attached, the training data's fingerprint."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        objective, rollout = self.objective_config, self.rollout_config
+        settings = {"model.objective.name": objective.name, "model.objective.beta": objective.beta,
+                    "model.rollout.k": rollout.k, "model.rollout.sync_every": rollout.sync_every,
+                    "model.model_name_or_path": self.model_name_or_path,
+                    "data.prompts_per_step": getattr(datamodule, "prompts_per_step", None)}
+        return run_fingerprint(settings, datamodule.fingerprint() if datamodule is not None else None)
+
+    def check_resume(self, state: RunState) -> None:
+        """The checkpoint's fingerprint against this run's: differences are a ValueError naming them, unless
+        :attr:`resume_mismatch_ok` (``--resume_mismatch_ok true``), then a warning."""
+        if state.fingerprint is None:
+            log.warning("the checkpoint predates run fingerprints (schema %d): resuming without checking that the "
+                        "settings and training data are the ones it was trained with", state.schema)
+            return
+        differences = fingerprint_differences(state.fingerprint, self.run_fingerprint())
+        if not differences:
+            return
+        listed = "\n  ".join(differences)
+        if not self.resume_mismatch_ok:
+            raise ValueError(f"the checkpoint was written by a different run:\n  {listed}\nresume with the settings "
+                             "and data it was trained with, or pass --resume_mismatch_ok true to continue anyway")
+        log.warning("resuming a checkpoint of a different run (--resume_mismatch_ok):\n  %s", listed)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = RunState.from_dict(checkpoint[CHECKPOINT_KEY])
+        self.check_resume(state)
         self.policy.check_resumable(state, self.model_name_or_path)
         self._resync_engine = self.policy.restore_engine(state.engine_state, state.engine_version)
         self.nan_steps = state.nan_steps
@@ -397,15 +444,21 @@ class GGPOModule(L.LightningModule):
 
 
 def _check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
-                    verifier: str | dict, ref_refresh_every: int, max_nan_steps: int,
-                    lora: LoraSettings | None) -> None:
+                    verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
+                    ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None) -> None:
     """All configuration errors at once, before any model is loaded."""
-    from ggpo_verifiers import available_verifiers
+    from ggpo_verifiers import verifier_class
 
     errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
-    if isinstance(verifier, str) and verifier not in available_verifiers():
-        errors.append(f"model.verifier: unknown verifier {verifier!r}; available: "
-                      f"{', '.join(available_verifiers())}")
+    errors += health.errors()
+    name = verifier if isinstance(verifier, str) else verifier.get("class_path") if isinstance(verifier, dict) else None
+    if name is not None:
+        try:  # a registered name, an entry point or a class path, as get_verifier accepts
+            verifier_class(name)
+        except (ImportError, AttributeError, TypeError, ValueError, LookupError) as exc:
+            errors.append(f"model.verifier: {exc}")
+    if not verifier_timeout > 0:
+        errors.append(f"model.verifier_timeout must be > 0 seconds, got {verifier_timeout}")
     if ref_refresh_every < 0:
         errors.append(f"model.ref_refresh_every must be >= 0 (0 = never), got {ref_refresh_every}")
     if max_nan_steps < 1:

@@ -27,7 +27,10 @@ class PromptRow:
 
 
 def read_records(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line or row number, record)`` pairs of a JSONL or Parquet file."""
+    """``(line or row number, record)`` pairs of a JSONL or Parquet file.
+
+    A line that is not UTF-8 or not a JSON object is a ValueError naming ``file:line``.
+    """
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -35,8 +38,13 @@ def read_records(path: Path) -> Iterator[tuple[int, dict]]:
             raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         return
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes: a decoding error names its line
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                                 "re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -53,8 +61,8 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     """Read prompts and gold answers from a JSONL or Parquet file.
 
     ``template`` is formatted with the record's fields (``{prompt}`` is the prompt
-    field). A record without ``prompt_field`` or ``answer_field`` is an error naming the
-    file, the line and the fields it does have.
+    field). A record without ``prompt_field`` or ``answer_field``, or whose prompt is empty
+    or whitespace only, is an error naming the file, the line and the fields it does have.
     """
     path = Path(path)
     if not path.is_file():
@@ -98,6 +106,8 @@ def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: st
             prompt = template.format(**{**record, "prompt": record[prompt_field]})
         except KeyError as exc:
             raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
+        if not prompt.strip():
+            raise ValueError(f"{where}: the prompt is empty (field {prompt_field!r}); fill or drop the row")
         row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else default_id
         rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
     if not rows:

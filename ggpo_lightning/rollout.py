@@ -226,8 +226,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class GroupRollout:
     """Prompts in, scored groups out: the engine's K responses per prompt and the verifier's rewards.
 
-    Counts what it did: ``seconds`` and ``tokens`` since the last :meth:`take_step_counts`
-    (one step's rollout time and response tokens) and ``generated_samples`` over the run.
+    Counts what it did: ``seconds``, ``tokens`` and ``verify_seconds`` (of ``seconds``, the
+    wait for the verifier) since the last :meth:`take_step_counts` (one step's rollout) and
+    ``generated_samples`` over the run.
     ``verifier`` is set once its worker pool is started (the module's ``setup``).
     """
 
@@ -239,6 +240,7 @@ class GroupRollout:
         self.verifier = None
         self.seconds = 0.0
         self.tokens = 0
+        self.verify_seconds = 0.0
         self.generated_samples = 0
 
     def encode(self, text: str) -> list[int]:
@@ -251,7 +253,9 @@ class GroupRollout:
         with _cached_weight_casts(self.engine):
             generations = self.engine.generate([self.encode(r.prompt) for r in rows], k, self.config.sampling)
         responses = [text for g in generations for text in g.responses]
+        verify_start = time.perf_counter()
         rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
+        self.verify_seconds += time.perf_counter() - verify_start
         groups = [
             RolloutGroup(
                 prompt_id=row.id, prompt=row.prompt, gold=row.gold, prompt_ids=g.prompt_ids,
@@ -266,10 +270,10 @@ class GroupRollout:
         self.generated_samples += len(responses)
         return groups
 
-    def take_step_counts(self) -> tuple[float, int]:
-        """Rollout seconds and response tokens since the last call (then reset)."""
-        counts = (self.seconds, self.tokens)
-        self.seconds, self.tokens = 0.0, 0
+    def take_step_counts(self) -> tuple[float, int, float]:
+        """Rollout seconds, response tokens and verifier seconds since the last call (then reset)."""
+        counts = (self.seconds, self.tokens, self.verify_seconds)
+        self.seconds, self.tokens, self.verify_seconds = 0.0, 0, 0.0
         return counts
 
 

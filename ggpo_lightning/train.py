@@ -11,17 +11,24 @@ from typing import Any
 
 import torch
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ModelParallelStrategy
 
-from ggpo_lightning.callbacks import RunSummary
+from ggpo_lightning.atomic import remove_orphans
+from ggpo_lightning.callbacks import RunGuard, RunInterrupted, RunSummary
+from ggpo_lightning.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
 from ggpo_lightning.data import PromptGroupDataModule
+from ggpo_lightning.health import RunAborted
 from ggpo_lightning.module import GGPOModule
+from ggpo_lightning.preflight import check_run
 from ggpo_lightning.recipe_keys import check_renamed_keys
+from ggpo_lightning.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
 
-__all__ = ["GGPOTrainCLI", "check_devices", "run_training"]
+__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "lock_logger_directory", "run_training"]
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -34,13 +41,23 @@ TRAINER_DEFAULTS = {
 
 
 class GGPOTrainCLI(LightningCLI):
-    """LightningCLI with the run's summary and step-based checkpoints always attached."""
+    """LightningCLI with the run's summary, step-based checkpoints and :class:`~ggpo_lightning.callbacks.RunGuard`
+    always attached, atomic checkpoint files (:class:`~ggpo_lightning.checkpoint_io.AtomicCheckpointIO`), the
+    recipe and data checked before any weights load (:mod:`~ggpo_lightning.preflight`) and the run directory
+    locked (:mod:`~ggpo_lightning.run_lock`)."""
+
+    run_lock = None
+    """The open lock file of the run directory (held until the process exits)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
+        parser.add_argument("--resume_mismatch_ok", type=bool, default=False,
+                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, "
+                                 "prompts_per_step, model) or training data differ from this run's, with a warning "
+                                 "instead of an error.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "data.synthetic.task) at model.model_name_or_path when that folder does not exist: "
@@ -50,6 +67,47 @@ class GGPOTrainCLI(LightningCLI):
         check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
         if self.config.get("tiny_model") is not None:  # before the module loads model.model_name_or_path
             ensure_tiny_model(self.config["model"]["model_name_or_path"], tiny_model_config(self.config))
+        check_run(self.config.as_dict(), self.config.get("ckpt_path"))
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+            self.run_lock = lock_logger_directory(self.config["trainer"])
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            if self.run_lock is not None:  # nothing was written: leave no empty run directory behind
+                release_run_directory(self.run_lock)
+            raise
+
+    def instantiate_trainer(self, **kwargs: Any):
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(RunGuard())
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's plugin stays
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
+            trainer.strategy.__class__ = AtomicModelParallelStrategy
+        return trainer
+
+
+def lock_logger_directory(trainer_config: Any):
+    """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.run_lock.lock_run_directory`)
+    and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
+
+    None (no lock) when the logger is off or does not take a ``version`` (``save_dir/name/version`` loggers do:
+    CSV, TensorBoard). Also removes what killed earlier runs left half-written in the sibling run directories
+    and their ``checkpoints/`` (:func:`~ggpo_lightning.atomic.remove_orphans`)."""
+    from lightning.pytorch.cli import instantiate_class
+
+    logger = trainer_config.get("logger")
+    if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
+        return None
+    instance = instantiate_class((), logger.as_dict())
+    run_dir = Path(instance.log_dir)
+    handle = lock_run_directory(run_dir)
+    logger["init_args"]["version"] = instance.version
+    for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
+        remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
+    return handle
 
 
 def check_devices(accelerator: Any, devices: Any) -> None:
@@ -127,8 +185,15 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     )
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
     summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
+    cli.model.resume_mismatch_ok = cli.config.get("resume_mismatch_ok", False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
     return cli
+
+
+def exit_code(error: RunAborted) -> int:
+    """``ggpo-train``'s exit status for a run stopped early: 128 + the signal number for a signal (as a shell
+    reports it), else 1."""
+    return 128 + error.signum if isinstance(error, RunInterrupted) else 1
 
 
 if __name__ == "__main__":

@@ -59,8 +59,10 @@ class Outcome(NamedTuple):
     status: Status
 
 
-# Verdicts that depend only on (gold, answer): safe to cache. A timeout may be load.
+# Verdicts that depend only on (gold, answer): safe to cache. A timeout may be load: cached
+# only when the same pair times out again (TIMEOUTS_BEFORE_CACHING).
 _CACHEABLE = frozenset({Status.CORRECT, Status.WRONG, Status.UNPARSEABLE, Status.BAD_GOLD})
+TIMEOUTS_BEFORE_CACHING = 2
 
 
 class GoldAnswerError(ValueError):
@@ -172,7 +174,10 @@ class Verifier(abc.ABC):
         memory_limit_mb: Address-space cap of each worker (RLIMIT_AS); None for no cap.
         cache_size: Number of (answer, gold) verdicts kept across batches; 0 disables
             that cache (identical pairs within one batch are always checked once).
-            Timeouts and crashes are never cached.
+            Crashes are never cached; a timeout is cached once the same pair has timed
+            out twice (one timeout may be machine load; a pair that keeps timing out,
+            such as a deeply nested expression repeated in every group, would otherwise
+            cost the full timeout each time).
     """
 
     name: ClassVar[str] = ""
@@ -319,7 +324,7 @@ class Verifier(abc.ABC):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for runtime in ("_lock", "_pool", "_cache", "_stats"):
+        for runtime in ("_lock", "_pool", "_cache", "_stats", "_timeouts"):
             state.pop(runtime, None)
         return state
 
@@ -336,6 +341,7 @@ class Verifier(abc.ABC):
         self._lock = threading.Lock()
         self._stats = VerifierStats()
         self._cache: OrderedDict[tuple[str, ...], Outcome] = OrderedDict()
+        self._timeouts: dict[tuple[str, ...], int] = {}  # timeouts per pair not yet cached
         self._pool: WorkerPool | None = None
 
     def _extract_answers(
@@ -373,7 +379,11 @@ class Verifier(abc.ABC):
         with self._lock:
             for key, (status, score, _) in fresh.items():
                 verdicts[key] = Outcome(score, status)
-                if status in _CACHEABLE and self.cache_size:
+                if status is Status.TIMEOUT:
+                    self._timeouts[key] = self._timeouts.get(key, 0) + 1
+                repeated_timeout = self._timeouts.get(key, 0) >= TIMEOUTS_BEFORE_CACHING
+                if (status in _CACHEABLE or repeated_timeout) and self.cache_size:
+                    self._timeouts.pop(key, None)
                     self._cache[key] = verdicts[key]
                     if len(self._cache) > self.cache_size:
                         self._cache.popitem(last=False)

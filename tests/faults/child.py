@@ -1,0 +1,98 @@
+"""``ggpo-train`` in a child process, optionally killed (SIGKILL, by itself) at a chosen point: fault injection.
+
+    python child.py [kill_save=K:FRACTION] [kill_step=K] [kill_rollout=K] [signal_step=K:NAME] -- <ggpo-train arguments>
+
+``kill_save``: during the K-th checkpoint save, after FRACTION of its bytes reached the
+temporary file; ``kill_step``: at the start of the training step at global step K;
+``kill_rollout``: in the middle of the K-th rollout (after generation, before scoring);
+``signal_step``: the process sends itself signal NAME (``SIGINT``, ``SIGTERM``) at the start
+of the training step at global step K.
+The kill lands where the plan says, not after a guessed delay.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import types
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_during_save(k: int, fraction: float) -> None:
+    import torch
+
+    import ggpo_lightning.checkpoint_io as checkpoint_io
+
+    saves = 0
+
+    def save(obj, f, *args, **kwargs):
+        nonlocal saves
+        saves += 1
+        if saves < k:
+            return torch.save(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        torch.save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        f.write(data[: int(len(data) * fraction)])
+        f.flush()
+        os.fsync(f.fileno())
+        _die()
+
+    checkpoint_io.torch = types.SimpleNamespace(save=save)
+
+
+def _at_step(k: int, action) -> None:
+    from ggpo_lightning.module import GGPOModule
+
+    step = GGPOModule.training_step
+
+    def training_step(self, dataloader_iter):
+        if self.global_step == k:
+            action()
+        return step(self, dataloader_iter)
+
+    GGPOModule.training_step = training_step
+
+
+def _kill_in_rollout(k: int) -> None:
+    from ggpo_lightning.rollout import GroupRollout
+
+    calls = 0
+    rollout = GroupRollout.__call__
+
+    def call(self, rows):
+        nonlocal calls
+        calls += 1
+        if calls == k:
+            self.verifier.score_batch = lambda *a, **kw: _die()
+        return rollout(self, rows)
+
+    GroupRollout.__call__ = call
+
+
+def main() -> None:
+    separator = sys.argv.index("--")
+    plan = dict(option.split("=", 1) for option in sys.argv[1:separator])
+    if "kill_save" in plan:
+        k, fraction = plan["kill_save"].split(":")
+        _kill_during_save(int(k), float(fraction))
+    if "kill_step" in plan:
+        _at_step(int(plan["kill_step"]), _die)
+    if "signal_step" in plan:
+        k, name = plan["signal_step"].split(":")
+        _at_step(int(k), lambda: os.kill(os.getpid(), getattr(signal, name)))
+    if "kill_rollout" in plan:
+        _kill_in_rollout(int(plan["kill_rollout"]))
+    from ggpo_lightning.cli import train_main
+
+    sys.argv = ["ggpo-train", *sys.argv[separator + 1:]]
+    train_main()
+
+
+if __name__ == "__main__":
+    main()

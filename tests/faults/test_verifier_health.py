@@ -1,0 +1,94 @@
+"""A verifier that fails its checks stops the run, with a checkpoint and a summary saying why; a hang is warned
+about."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from faultkit import HERE, run_dir, train_args
+from ggpo_lightning.health import VerifierHealth, VerifierHealthConfig, VerifierHealthError
+from ggpo_lightning.train import run_training
+
+
+def counts(crashed=0, timeout=0, total=8):
+    return {"crashed": crashed, "timeout": timeout, "total": total}
+
+
+def test_an_abort_needs_patience_steps_in_a_row_over_the_share():
+    health = VerifierHealth(VerifierHealthConfig(max_failed_share=0.5, patience=2))
+    health.check_step(counts(crashed=8), step=0, verify_seconds=0)
+    health.check_step(counts(crashed=4), step=1, verify_seconds=0)  # exactly half: not over, the streak ends
+    health.check_step(counts(timeout=5), step=2, verify_seconds=0)
+    with pytest.raises(VerifierHealthError, match=r"failed 6 of 8 checks at step 3 \(3 crashed, 3 timed out\)"):
+        health.check_step(counts(crashed=3, timeout=3), step=3, verify_seconds=0)
+
+
+def test_disabled_health_never_aborts_and_bad_settings_name_the_key():
+    health = VerifierHealth(VerifierHealthConfig(enabled=False, patience=1))
+    health.check_step(counts(crashed=8), step=0, verify_seconds=0)
+    health.check_evaluation(counts(crashed=8), "held-out evaluation")
+    assert VerifierHealthConfig(max_failed_share=1.0, patience=0).errors() == [
+        "model.verifier_health.max_failed_share must be in [0, 1), got 1.0",
+        "model.verifier_health.patience must be >= 1, got 0"]
+
+
+def test_a_hang_that_costs_a_large_share_of_the_step_is_warned_about_once(caplog):
+    health = VerifierHealth(VerifierHealthConfig(warn_wait_share=0.25, patience=99))
+    health._step_start -= 10.0  # the step began 10 s ago
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.health"):
+        health.check_step(counts(timeout=2), step=0, verify_seconds=9.0)
+        health._step_start -= 10.0
+        health.check_step(counts(timeout=2), step=1, verify_seconds=9.0)
+    warnings = [r for r in caplog.records if "waited on the verifier" in r.getMessage()]
+    assert len(warnings) == 1 and "2 check(s) timed out" in warnings[0].getMessage()
+
+
+@pytest.fixture()
+def plugins_importable(monkeypatch):
+    """Verifier workers are new processes: they import the plugin through PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+
+
+@pytest.mark.parametrize("plugin", ["plugins.Raises", "plugins.OutOfRange",
+                                    pytest.param("plugins.Segfaults", marks=pytest.mark.slow)])
+def test_a_verifier_failing_every_check_aborts_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, fault_data,
+                                                                         plugins_importable, plugin):
+    with pytest.raises(VerifierHealthError, match="the verifier failed 8 of 8 checks at step 2"):
+        run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--model.verifier", plugin))
+    summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "aborted" and "failed 8 of 8 checks" in summary["reason"]
+    assert summary["optimizer_steps"] == 2
+    assert Path(summary["checkpoint"]).is_file() and Path(summary["checkpoint"]).name == "aborted.ckpt"
+
+
+def test_a_verifier_crashing_on_the_starting_evaluation_aborts_before_training(tmp_path, tiny_model_dir, fault_data,
+                                                                               plugins_importable):
+    with pytest.raises(VerifierHealthError, match="every one of the 4 verifier checks of the held-out evaluation"):
+        run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--model.verifier", "plugins.Raises",
+                                "--data.val_path", str(fault_data / "test.jsonl")))
+    summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "aborted" and summary["optimizer_steps"] == 0 and summary["checkpoint"] is None
+
+
+def test_a_hanging_verifier_is_warned_about_and_aborts(tmp_path, tiny_model_dir, fault_data, plugins_importable,
+                                                        caplog):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.health"):
+        with pytest.raises(VerifierHealthError, match=r"0 crashed, \d+ timed out"):
+            run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--model.verifier", "plugins.Hangs",
+                                    "--model.verifier_timeout", "0.2", "--model.verifier_health.patience", "1"))
+    assert sum("waited on the verifier" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_pair_that_times_out_twice_is_cached_as_a_timeout(plugins_importable):
+    from ggpo_verifiers import Status
+
+    from plugins import Hangs
+
+    with Hangs(timeout=0.2, workers=1) as verifier:
+        for _ in range(3):
+            assert [o.status for o in verifier.evaluate_batch(["\\frac{1}{2}"], ["1"])] == [Status.TIMEOUT]
+        assert (verifier.stats.timeout, verifier.stats.cache_hits) == (3, 1)  # the third cost no wait
