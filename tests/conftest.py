@@ -1,5 +1,6 @@
 """Shared test set-up: no network, no seed leaking between tests."""
 
+import importlib.util
 import os
 
 import pytest
@@ -7,6 +8,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` are skipped where vLLM is not installed (``make test-vllm`` runs them)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed: run `make test-vllm` (its own venv, .venv-vllm)")
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
