@@ -195,11 +195,23 @@ class VLLMEngine:
 
 
 def _load_into_worker(worker, pairs: Iterator[tuple[str, Tensor]]) -> list[str]:
-    """Runs on vLLM's worker (in this process): load ``pairs`` into its model; the parameters left without a weight."""
+    """Runs on vLLM's worker (in this process): ``pairs`` into its model; the parameters left without a weight.
+
+    vLLM's in-place reload in checkpoint format (what ``Worker.reload_weights`` does, keeping the set of
+    loaded parameters): after the first load vLLM has processed its weights into kernel format (on CPU
+    the weight loaders are gone), and the layer-wise reload restores the loaders and re-processes each
+    layer as its weights arrive, so no second full copy is made.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
     model = worker.model_runner.model
-    with torch.no_grad():
+    expected = {name for name, _ in model.named_parameters()}
+    with set_current_vllm_config(worker.vllm_config), torch.no_grad():
+        initialize_layerwise_reload(model)
         loaded = model.load_weights(pairs)
-    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+        finalize_layerwise_reload(model, worker.model_config)
+    return sorted(expected - set(loaded))
 
 
 @contextlib.contextmanager
