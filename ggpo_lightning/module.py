@@ -137,8 +137,8 @@ class GGPOModule(L.LightningModule):
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # behavior log-probs recorded with every group: GRPO's ratios and every objective's drift diagnostics
-        self.policy = Policy(model, self.tokenizer, lora, self.rollout_config.torch_dtype,
-                             self.rollout_config.sync_every, record_logprobs=True)
+        self.policy = Policy(model, self.tokenizer, lora, self.rollout_config, model_name_or_path,
+                             record_logprobs=True)
         self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.sync_every)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.rollout = GroupRollout(self.policy.engine, self.tokenizer, self.rollout_config, chat_template)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import asdict
 
 import torch
@@ -27,9 +28,11 @@ from ggpo_lightning.distributed import (broadcast_from_rank0_, copy_weights_, fu
                                         shard_decoder_layers)
 from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  wrap)
-from ggpo_lightning.rollout import HFGenerateEngine
+from ggpo_lightning.rollout import HFGenerateEngine, RolloutConfig, RolloutEngine
 
 __all__ = ["Policy"]
+
+log = logging.getLogger(__name__)
 
 
 class Policy:
@@ -41,18 +44,26 @@ class Policy:
         tokenizer: its tokenizer (the engine decodes with it).
         lora: train a LoRA adapter instead of all weights; the reference is then the base
             with the adapter off (no second copy of the weights).
-        engine_dtype: precision of the rollout model; None = the learner's.
-        sync_every: rollout sync interval; with 1, the learner's precision and no LoRA the
-            engine samples with the learner itself (it would be an exact copy at every
-            rollout).
+        rollout: the engine (``hf`` or ``vllm``), its precision (None = the learner's) and
+            sync interval; the HF engine samples with the learner itself when it would be
+            an exact copy at every rollout (sync every update, the learner's precision, no LoRA).
+        model_name_or_path: where ``model`` was loaded from (the vLLM engine loads it too).
         record_logprobs: the engine records behavior token log-probs with every group.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, lora: LoraSettings | None, engine_dtype: torch.dtype | None,
-                 sync_every: int, record_logprobs: bool) -> None:
-        share = lora is None and sync_every == 1 and engine_dtype is None
-        self.engine = HFGenerateEngine(model, tokenizer, dtype=engine_dtype, record_logprobs=record_logprobs,
-                                       share=share)
+    def __init__(self, model: nn.Module, tokenizer, lora: LoraSettings | None, rollout: RolloutConfig,
+                 model_name_or_path: str, record_logprobs: bool) -> None:
+        self.engine: RolloutEngine
+        if rollout.engine == "vllm":
+            from ggpo_lightning.vllm_engine import VLLMEngine
+
+            dtype = rollout.torch_dtype or next(model.parameters()).dtype
+            self.engine = VLLMEngine(model_name_or_path, tokenizer, dtype, record_logprobs=record_logprobs,
+                                     engine_args=rollout.vllm_args)
+        else:
+            share = lora is None and rollout.sync_every == 1 and rollout.torch_dtype is None
+            self.engine = HFGenerateEngine(model, tokenizer, dtype=rollout.torch_dtype,
+                                           record_logprobs=record_logprobs, share=share)
         self.lora = lora
         self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
         if lora is None:
@@ -92,7 +103,8 @@ class Policy:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_mixed else None
-        self.engine.unshare()
+        if isinstance(self.engine, HFGenerateEngine):
+            self.engine.unshare()
         for model in (self.learner, self.reference):
             shard_decoder_layers(model, mesh["data_parallel"], policy)
 
@@ -134,8 +146,17 @@ class Policy:
         An engine synced at this very step holds the learner's weights (cast or merged as a
         sync does), and a shared engine is the learner: saving them again would add a full
         model copy to every checkpoint (on rank 0, in one file). A resume then syncs once
-        the learner's weights are restored; a stale engine's weights are saved.
+        the learner's weights are restored; a stale HF engine's weights are saved. A vLLM
+        engine's weights are never saved (they are under vLLM's fused names): a resume from
+        a checkpoint taken between two syncs starts with the learner's weights, one early sync.
         """
+        if not isinstance(self.engine, HFGenerateEngine):
+            if self.engine.version != step:
+                log.warning("checkpoint at step %d: the vLLM rollout engine holds step %d's weights, which are not "
+                            "saved; a resume from it syncs the engine early (at step %d). Take checkpoints at "
+                            "multiples of model.rollout.sync_every for an exact resume.", step, self.engine.version,
+                            step)
+            return None
         if self.engine.shared or self.engine.version == step:
             return None
         return self.engine.model.state_dict()  # full weights, the same on every rank
@@ -143,8 +164,8 @@ class Policy:
     def restore_engine(self, state: dict[str, Tensor] | None, version: int) -> bool:
         """Load a checkpoint's engine weights; True when they were left out and must be re-synced."""
         self.engine.version = version
-        if state is None:
-            return True
+        if state is None or not isinstance(self.engine, HFGenerateEngine):
+            return True  # a vLLM engine (its weights never saved) re-syncs from the learner
         if not self.engine.shared:
             self.engine.model.load_state_dict(state)
         return False

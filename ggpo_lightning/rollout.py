@@ -4,7 +4,8 @@ An engine holds its *own* copy of the model. It changes only when the trainer ca
 ``load_weights`` (every ``rollout_sync_every`` optimizer updates), so between syncs it
 is a stale snapshot of the learner, the behavior policy ``mu`` GGPO learns from.
 ``HFGenerateEngine`` is the embedded default (transformers ``generate``, KV cache,
-batched, left padding); any object with the same methods can replace it.
+batched, left padding); ``model.rollout.engine: vllm`` selects
+:class:`~ggpo_lightning.vllm_engine.VLLMEngine`; any object with the same methods can replace it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import copy
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Union, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -203,6 +204,11 @@ class RolloutConfig:
     """Temperature, top-p, response length, generation batch size."""
     dtype: str | None = None
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
+    engine: str = "hf"
+    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine in the trainer
+    process (:class:`~ggpo_lightning.vllm_engine.VLLMEngine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
 
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""
@@ -213,6 +219,15 @@ class RolloutConfig:
             errors.append(f"model.rollout.sync_every must be >= 1, got {self.sync_every}")
         if self.dtype is not None and self.dtype not in DTYPES:
             errors.append(f"model.rollout.dtype must be one of {sorted(DTYPES)} or null, got {self.dtype!r}")
+        if self.engine not in ENGINES:
+            errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm":
+            from ggpo_lightning.vllm_engine import VLLM_INSTALL_HINT, vllm_available
+
+            if not vllm_available():
+                errors.append(f"model.rollout.engine: vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+        elif self.vllm_args:
+            errors.append(f"model.rollout.vllm_args is for model.rollout.engine: vllm; the engine is {self.engine!r}")
         return errors
 
     @property
@@ -221,6 +236,7 @@ class RolloutConfig:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ENGINES = ("hf", "vllm")
 
 
 class GroupRollout:

@@ -1,5 +1,6 @@
 """Shared test set-up: no network, no seed leaking between tests."""
 
+import importlib.util
 import os
 
 import pytest
@@ -7,6 +8,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` are skipped where vLLM is not installed (``make test-vllm`` runs them)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed: run `make test-vllm` (its own venv, .venv-vllm)")
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +33,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     from ggpo_lightning.testing import TINY_TEST_MODEL
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TINY_TEST_MODEL)
+
+
+@pytest.fixture(scope="session")
+def wide_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny test model with head size 32 (hidden 64, 2 heads), for vLLM: its CPU attention has no kernel
+    for the tiny model's head size 16 ("Unsupported CPU attention configuration: head_dim=16")."""
+    from dataclasses import replace
+
+    from ggpo_lightning.tasks.tiny_model import build_tiny_model
+    from ggpo_lightning.testing import TINY_TEST_MODEL
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-wide", replace(TINY_TEST_MODEL, hidden_size=64))
 
 
 @pytest.fixture()

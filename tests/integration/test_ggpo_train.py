@@ -113,3 +113,14 @@ def test_the_lora_quickstart_learns(tmp_path, monkeypatch):
     cli = run_training(["--config", str(RECIPES / "quickstart-lora.yaml")])
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert summary["accuracy_after"] > summary["accuracy_before"] + 0.1, summary  # measured: 0.559 -> 0.771
+
+
+@pytest.mark.vllm
+def test_a_run_with_the_vllm_engine_completes_and_logs_reward(tmp_path, wide_tiny_model_dir):
+    cli = train(tmp_path, wide_tiny_model_dir, "--trainer.max_steps", "3", "--model.rollout.engine", "vllm",
+                "--model.rollout.sync_every", "2")
+    assert cli.model.engine.version == 2  # synced once, after the second update: the vLLM engine took the weights
+    rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "metrics.csv")))
+    rewards = [float(r["train/reward"]) for r in rows if r["train/reward"]]
+    assert len(rewards) == 3 and all(0 <= r <= 1 for r in rewards)
+    assert max(float(r["train/staleness"]) for r in rows if r["train/staleness"]) > 0  # step 1 sampled from step 0
