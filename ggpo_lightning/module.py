@@ -429,8 +429,9 @@ class GGPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = RunState.from_dict(checkpoint[CHECKPOINT_KEY])
-        self.check_resume(state)
+        # the specific LoRA/base check first: its message says which model to load
         self.policy.check_resumable(state, self.model_name_or_path)
+        self.check_resume(state)
         self._resync_engine = self.policy.restore_engine(state.engine_state, state.engine_version)
         self.nan_steps = state.nan_steps
         self.generated_samples = restore_rank_state(state.ranks)

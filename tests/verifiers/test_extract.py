@@ -111,9 +111,9 @@ def _old_last_number(text: str) -> str | None:
 
 
 def test_last_number_is_unchanged_on_the_arithmetic_tasks_alphabet() -> None:
-    # What the tiny model can write (ggpo_lightning.models.SYMBOLS and WORDS): no LaTeX,
+    # What the tiny model can write (ggpo_lightning.tasks.tiny_model.SYMBOLS and WORDS): no LaTeX,
     # so the numeric verifier of the quickstart reads every sampled response as before.
-    from ggpo_lightning.models import SYMBOLS, WORDS
+    from ggpo_lightning.tasks.tiny_model import SYMBOLS, WORDS
 
     rng = random.Random(0)
     tokens = list(SYMBOLS) + [f" {word} " for word in WORDS]
