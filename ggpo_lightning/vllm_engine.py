@@ -39,6 +39,7 @@ import contextlib
 import importlib.util
 import os
 import random
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -85,8 +86,9 @@ class VLLMEngine:
         engine_args = dict(engine_args or {})
         owned = sorted(set(engine_args) & set(OWN_ARGS))
         if owned:
-            raise ValueError(f"model.rollout.vllm_args sets {owned}, which the engine sets itself (the model folder, "
-                             "model.rollout.dtype, raw log-probs, per-request seeds); remove them")
+            raise ValueError(f"the vLLM arguments (model.rollout.vllm_args, or ggpo eval --vllm-args) set {owned}, "
+                             "which the engine sets itself (the model folder, the dtype, raw log-probs, per-request "
+                             "seeds); remove them")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs an eos token: responses stop at it")
         self.model_name_or_path = str(model_name_or_path)
@@ -98,6 +100,26 @@ class VLLMEngine:
         self._llm = None
         self._sleeps = False  # sleep between rollouts (set when built: where the platform has sleep mode)
         self._asleep = False
+        self._config_folder: tempfile.TemporaryDirectory | None = None  # from_model's config and tokenizer
+
+    @classmethod
+    def from_model(cls, model: nn.Module, tokenizer, dtype: torch.dtype | None = None,
+                   engine_args: Mapping[str, Any] | None = None) -> VLLMEngine:
+        """An engine holding ``model``'s weights (e.g. a checkpoint's learner, or an adapter merged into its base).
+
+        vLLM builds the architecture from ``model.config`` and the tokenizer saved to a
+        temporary folder (no weights on disk: ``load_format="dummy"``), and the weights are
+        then streamed from ``model``; ``model`` can be dropped afterwards. ``dtype``: vLLM's
+        precision, None = ``model``'s.
+        """
+        folder = tempfile.TemporaryDirectory(prefix="ggpo-vllm-config-")
+        model.config.save_pretrained(folder.name)
+        tokenizer.save_pretrained(folder.name)
+        engine = cls(folder.name, tokenizer, dtype or next(model.parameters()).dtype,
+                     engine_args={**(engine_args or {}), "load_format": "dummy"})
+        engine._config_folder = folder  # removed with the engine
+        engine.load_weights(model, version=0)
+        return engine
 
     @property
     def llm(self):
@@ -130,7 +152,7 @@ class VLLMEngine:
         return self
 
     def load_weights(self, learner: Weights, version: int) -> None:
-        """Stream the learner's weights into vLLM's model (cast to its dtype in place) and record ``version``.
+        """Stream the learner's weights into vLLM's model (cast to its dtype a tensor at a time); record ``version``.
 
         ``learner``: a model (its ``state_dict``, by reference), a state dict (e.g. LoRA merged) or
         ``(name, tensor)`` pairs (e.g. gathered from FSDP shards one at a time), under the
@@ -144,8 +166,10 @@ class VLLMEngine:
             pairs: Iterable[tuple[str, Tensor]] = learner.state_dict().items()
         else:
             pairs = learner.items() if isinstance(learner, Mapping) else learner
+        # cast one tensor at a time on the way in: vLLM's loader would cast too, but warns once per tensor
+        cast = ((name, tensor.to(self.dtype)) for name, tensor in pairs)
         self._wake()
-        missing = self.llm.collective_rpc(_load_into_worker, args=(iter(pairs),))[0]
+        missing = self.llm.collective_rpc(_load_into_worker, args=(cast,))[0]
         if missing:
             raise KeyError(f"vLLM's model got no weight for {missing[:5]} ({len(missing)} in all): the stream "
                            f"does not match the architecture of {self.model_name_or_path}")
