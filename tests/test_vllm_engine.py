@@ -27,6 +27,10 @@ from ggpo_lightning.vllm_engine import VLLMEngine, vllm_available
 FP32_TOLERANCE = 1e-4
 """Largest |vLLM - learner| token log-prob difference accepted in float32 (different kernels, same math)."""
 
+BF16_BOUND = 0.1
+"""Largest |vLLM bf16 - learner fp32| token log-prob difference accepted (measured on this model: max 2.7e-2,
+mean 3.6e-3 nats over ~80 tokens; bf16 keeps 8 significant bits, so a logit of size 10 moves by ~0.04)."""
+
 PROMPTS = ["1+2=", "4+4=", "9+0=", "3+5=", "7+1=", "2+2=", "6+3=", "8+"]
 
 
@@ -242,7 +246,8 @@ def test_bf16_engine_logprobs_differ_from_the_fp32_learner_by_a_measured_amount(
         print(f"bf16 {name} engine vs fp32 learner token log-probs: max |diff| {diffs[name].max():.2e}, "
               f"mean {diffs[name].mean():.2e} over {diffs[name].numel()} tokens")
     assert diffs["vllm"].max() > FP32_TOLERANCE  # bf16 shows: the measured mismatch is real
-    assert diffs["vllm"].mean() < 5 * diffs["hf"].mean() + 1e-2  # and of the size of bf16's own rounding
+    assert diffs["vllm"].max() < BF16_BOUND  # and bounded
+    assert diffs["vllm"].mean() < 5 * diffs["hf"].mean() + 1e-2  # of the size of bf16's own rounding (HF engine's)
 
 
 @pytest.mark.vllm
