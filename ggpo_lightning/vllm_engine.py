@@ -29,8 +29,11 @@ copy in host memory and without serialization.
   sets torch to one thread while it serves; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) bounds its
   KV cache (default 1 here when unset, vLLM's own default takes a large share of RAM);
   its attention has kernels for some head sizes only (32 works, 16 does not).
-- Tested on CPU (vllm-cpu 0.32.0). The GPU branches (sleep mode, memory share, several
-  ranks each with its own engine) follow vLLM's documented API but have not run here.
+- Tested on CPU (vllm-cpu 0.32.0), also with two FSDP2 ranks (gloo) each holding its own
+  engine. The GPU branches (sleep mode, memory share, one engine per GPU) follow vLLM's
+  documented API but have not run: vLLM's in-process worker takes ``cuda:0`` unless told
+  otherwise, so several ranks on one machine are the first thing a GPU run must check
+  (docs/PERFORMANCE.md, "What a GPU run must check").
 """
 
 from __future__ import annotations
