@@ -86,7 +86,8 @@ def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> di
               help="What samples: hf (transformers generate) or vllm (a vLLM engine holding the model; needs vLLM, "
                    "see the README).")
 @click.option("--vllm-args", default=None, help="For --engine vllm: a JSON object of more vllm.LLM arguments, e.g. "
-              "'{\"max_model_len\": 4096, \"tensor_parallel_size\": 2}'.")
+              "'{\"max_model_len\": 4096, \"gpu_memory_utilization\": 0.5}' (one device: the engine runs in this "
+              "process).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results, with per-problem counts, to this JSON file.")
 def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str, k: int, temperature: float,
@@ -125,7 +126,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
                 from ggpo_lightning.vllm_engine import VLLMEngine
 
                 sampler = VLLMEngine.from_model(model, tokenizer, engine_args=engine_args)
-            del model  # the vLLM engine holds its own copy
+                del model  # the engine holds its own copy
         except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
             raise click.ClickException(str(exc)) from None
         entries = []
