@@ -6,13 +6,35 @@
 #   STEPS=20 HIDDEN=1024 LAYERS=16 bash benchmarks/gpu_smoke.sh
 #   ACCELERATOR=cpu DEVICES=2 PRECISION=32-true bash benchmarks/gpu_smoke.sh   # dry run without a GPU
 #
+# The vLLM colocated path (docs/PERFORMANCE.md, "What a GPU run must check"), in a venv with
+# `pip install -e '.[vllm,lora]'`:
+#   PY=.venv-gpu/bin/python ENGINE=vllm SHAPE=qwen3-1.7b DEVICES=1 bash benchmarks/gpu_smoke.sh
+# ENGINE=vllm samples with a vLLM engine in each trainer process (rollouts in bf16, synced
+# from the FSDP-gathered learner every SYNC_EVERY updates, sleeping between rollouts);
+# SHAPE=qwen3-1.7b gives the model Qwen3-1.7B's decoder shape (28 layers, 2048 wide, 16
+# query / 8 key-value heads of 128, MLP 6144), randomly initialised, with the tiny
+# word-level vocabulary (so 1.41B parameters: no 151936-row embedding), and
+# MAX_NEW_TOKENS=512 (a random model runs every response to the limit).
+#
 # Prints the run's summary line and, per step, train tokens/s (learner + reference forward,
 # backward, optimizer) and rollout tokens/s (summed over ranks), and the median of each
-# after the first step. Exit status is ggpo-train's.
+# after the first step; on GPUs the peak memory in use per GPU (nvidia-smi, every 0.5 s:
+# learner, reference, optimizer and the vLLM engine together); with ENGINE=vllm how often
+# vLLM slept (its "Sleep mode freed" lines) and the engine's weight syncs.
+# Exit status is ggpo-train's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ACCELERATOR=${ACCELERATOR:-gpu}
+ENGINE=${ENGINE:-hf}
+SHAPE=${SHAPE:-}
+if [ "$SHAPE" = qwen3-1.7b ]; then
+    HIDDEN=${HIDDEN:-2048} LAYERS=${LAYERS:-28} HEADS=${HEADS:-16} KV_HEADS=${KV_HEADS:-8}
+    INTERMEDIATE=${INTERMEDIATE:-6144} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-512} PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-32}
+    GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-true}  # as the qwen3-1.7b-math recipe
+elif [ -n "$SHAPE" ]; then
+    echo "gpu_smoke: unknown SHAPE=$SHAPE (known: qwen3-1.7b)" >&2; exit 2
+fi
 if [ -z "${DEVICES:-}" ]; then
     DEVICES=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "$DEVICES" -ge 1 ] || { echo "gpu_smoke: no GPU found (nvidia-smi -L); set ACCELERATOR=cpu DEVICES=2 for a dry run" >&2; exit 2; }
@@ -22,10 +44,32 @@ STEPS=${STEPS:-10}
 HIDDEN=${HIDDEN:-512}
 LAYERS=${LAYERS:-8}
 HEADS=${HEADS:-8}
+KV_HEADS=${KV_HEADS:-$HEADS}
+INTERMEDIATE=${INTERMEDIATE:-$((4 * HIDDEN))}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
+POSITIONS=$((MAX_NEW_TOKENS + 64 > 128 ? MAX_NEW_TOKENS + 64 : 128))  # prompt + response
+GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-false}
+SYNC_EVERY=${SYNC_EVERY:-4}
 PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-16}
 WORK=${WORK:-$(mktemp -d /tmp/ggpo-gpu-smoke.XXXXXX)}
-echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, ${HIDDEN}x${LAYERS} model, $STEPS steps, work dir $WORK"
+echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE, ${HIDDEN}x${LAYERS} model, $STEPS steps," \
+     "<= $MAX_NEW_TOKENS new tokens, work dir $WORK"
 
+engine_args=()
+if [ "$ENGINE" = vllm ]; then
+    engine_args=(--model.rollout.engine vllm --model.rollout.dtype bfloat16 --model.rollout.sync_every "$SYNC_EVERY"
+                 --model.rollout.vllm_args "{\"max_model_len\": $POSITIONS}")
+elif [ "$ENGINE" != hf ]; then
+    echo "gpu_smoke: unknown ENGINE=$ENGINE (hf or vllm)" >&2; exit 2
+fi
+memory_poll=
+if [ "$ACCELERATOR" = gpu ]; then  # peak memory in use per GPU, whoever holds it (vLLM allocates outside torch)
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$WORK/gpu_memory.csv" &
+    memory_poll=$!
+    trap 'kill "$memory_poll" 2>/dev/null || true' EXIT
+fi
+
+set +e  # report memory and sleeps also when the run fails (e.g. out of memory)
 HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.yaml \
     --trainer.accelerator "$ACCELERATOR" --trainer.devices "$DEVICES" \
     --trainer.strategy.data_parallel_size "$DEVICES" --trainer.precision "$PRECISION" \
@@ -33,10 +77,25 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.y
     --trainer.logger.init_args.save_dir "$WORK/runs" --trainer.logger.init_args.name smoke \
     --checkpoint.every_n_train_steps "$STEPS" \
     --model.model_name_or_path "$WORK/model" --tiny_model.hidden_size "$HIDDEN" \
-    --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" \
-    --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens 32 --model.eval.max_new_tokens 8 \
+    --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" --tiny_model.num_kv_heads "$KV_HEADS" \
+    --tiny_model.intermediate_size "$INTERMEDIATE" --tiny_model.max_position_embeddings "$POSITIONS" \
+    --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
+    --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
-    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES))
+    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) "${engine_args[@]}" 2>&1 | tee "$WORK/train.log"
+status=${PIPESTATUS[0]}
+set -e
+[ -z "$memory_poll" ] || kill "$memory_poll" 2>/dev/null || true
+if [ -s "$WORK/gpu_memory.csv" ]; then
+    awk -F', *' '{ if ($2 > peak[$1]) peak[$1] = $2 }
+                 END { for (g in peak) printf "peak memory in use: GPU %s %.1f GiB\n", g, peak[g] / 1024 }' \
+        "$WORK/gpu_memory.csv"
+fi
+if [ "$ENGINE" = vllm ]; then
+    echo "vLLM slept $(grep -c 'Sleep mode freed' "$WORK/train.log" || true) times (after every rollout, where" \
+         "its sleep mode is available); weight syncs: every $SYNC_EVERY updates"
+fi
+[ "$status" -eq 0 ] || exit "$status"
 
 "$PY" - "$WORK/runs/smoke/version_0/metrics.csv" <<'PYEOF'
 import csv, statistics, sys

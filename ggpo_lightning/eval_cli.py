@@ -14,7 +14,7 @@ import click
 
 from ggpo_verifiers.cli import VERIFIER_HELP, build_verifier
 
-__all__ = ["eval_command", "format_table"]
+__all__ = ["EVAL_VLLM_ARGS", "eval_command", "format_table"]
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -27,6 +27,34 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"{name:<{width}}  {r['problems']:>8}  {100 * r['accuracy']:>7.1f}%  "
                      f"{100 * r['avg@k']:>7.1f}%  {100 * r['pass@k']:>7.1f}%")
     return "\n".join(lines)
+
+
+EVAL_VLLM_ARGS = {"gpu_memory_utilization": 0.9, "enable_sleep_mode": False}
+"""``ggpo eval``'s defaults for the vLLM engine: it has the device to itself (the training defaults leave room
+for a learner, and sleep between rollouts); ``--vllm-args`` overrides them."""
+
+
+def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> dict[str, Any] | None:
+    """The vLLM engine's ``LLM`` arguments for ``--engine vllm`` (None for hf); ValueError naming the flag."""
+    if engine == "hf":
+        if vllm_args is not None:
+            raise ValueError("--vllm-args is for --engine vllm")
+        return None
+    from ggpo_lightning.vllm_engine import VLLM_INSTALL_HINT, vllm_available
+
+    if not vllm_available():
+        raise ValueError(f"--engine vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+    if device is not None:
+        raise ValueError("--device is for --engine hf: vLLM places the model on its platform's device "
+                         "(choose GPUs with CUDA_VISIBLE_DEVICES)")
+    try:
+        parsed = json.loads(vllm_args or "{}")
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--vllm-args must be a JSON object of vllm.LLM arguments, e.g. "
+                         f"'{{\"max_model_len\": 4096}}'; got {vllm_args!r}")
+    return {**EVAL_VLLM_ARGS, **parsed}
 
 
 @click.command("eval")
@@ -53,13 +81,19 @@ def format_table(report: dict[str, Any]) -> str:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N problems of each file.")
 @click.option("--base-model", default=None,
               help="For a .ckpt MODEL: the run's model.model_name_or_path (architecture and tokenizer).")
-@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu; --engine hf).")
+@click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
+              help="What samples: hf (transformers generate) or vllm (a vLLM engine holding the model; needs vLLM, "
+                   "see the README).")
+@click.option("--vllm-args", default=None, help="For --engine vllm: a JSON object of more vllm.LLM arguments, e.g. "
+              "'{\"max_model_len\": 4096, \"gpu_memory_utilization\": 0.5}' (one device: the engine runs in this "
+              "process).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results, with per-problem counts, to this JSON file.")
 def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str, k: int, temperature: float,
                  top_p: float, max_new_tokens: int, batch_size: int, seed: int, template: str, chat_template: bool,
                  prompt_field: str | None, answer_field: str | None, limit: int | None, base_model: str | None,
-                 device: str | None, json_path: Path | None) -> None:
+                 device: str | None, engine: str, vllm_args: str | None, json_path: Path | None) -> None:
     """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
 
     MODEL is a model folder or hub id, a ggpo-train run directory (its final_model/), or
@@ -74,6 +108,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
 
     try:
         evaluation.check_settings(k, temperature, top_p, template)
+        engine_args = _vllm_settings(engine, vllm_args, device)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
@@ -85,15 +120,21 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
             for _, rows in problems:
                 validate_golds(rows, checker)
             model, tokenizer = evaluation.load_model(model_source, base_model)
+            if engine_args is None:
+                sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            else:
+                from ggpo_lightning.vllm_engine import VLLMEngine
+
+                sampler = VLLMEngine.from_model(model, tokenizer, engine_args=engine_args)
+                del model  # the engine holds its own copy
         except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
             raise click.ClickException(str(exc)) from None
-        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         entries = []
         for path, rows in problems:
             click.echo(f"{path.stem}: {len(rows)} problems x {k} responses ...", err=True)
             try:
                 result = evaluation.evaluate_model(
-                    model, tokenizer, rows, checker, k=k, temperature=temperature, top_p=top_p,
+                    sampler, tokenizer, rows, checker, k=k, temperature=temperature, top_p=top_p,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, template=template,
                     chat_template=chat_template)
             except ValueError as exc:
@@ -102,7 +143,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     average = {metric: sum(e[metric] for e in entries) / len(entries) for metric in ("accuracy", "avg@k", "pass@k")}
     report = {
         "model": model_source, "base_model": base_model,
-        "settings": {"verifier": verifier, "k": k, "temperature": temperature, "top_p": top_p,
+        "settings": {"engine": engine, "verifier": verifier, "k": k, "temperature": temperature, "top_p": top_p,
                      "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "template": template,
                      "chat_template": chat_template, "limit": limit},
         "benchmarks": entries,

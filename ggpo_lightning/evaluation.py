@@ -36,12 +36,14 @@ from ggpo_lightning.checkpoint import CHECKPOINT_KEY, learner_weights, read_chec
 from ggpo_lightning.distributed import is_sharded, rank_share, sum_across_ranks, world
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.records import PromptRow, read_records
-from ggpo_lightning.rollout import encode_prompt, generate_responses
+from ggpo_lightning.rollout import SamplingConfig, encode_prompt, generate_responses
+from ggpo_lightning.vllm_engine import VLLMEngine
 from ggpo_verifiers import Verifier
 from ggpo_verifiers.extract import last_boxed
 
-__all__ = ["EvalConfig", "EvalResult", "accuracy_across_ranks", "avg_at_k", "check_settings", "count_correct", "decoding_settings",
-           "evaluate_model", "load_benchmark", "load_model", "pass_at_k"]
+__all__ = ["EvalConfig", "EvalResult", "accuracy_across_ranks", "avg_at_k", "check_settings", "count_correct",
+           "count_correct_with_engine", "decoding_settings", "evaluate_model", "load_benchmark", "load_model",
+           "pass_at_k"]
 
 PROMPT_FIELDS = ("problem", "question", "prompt")
 """Prompt fields tried in this order when ``prompt_field`` is not given."""
@@ -339,9 +341,35 @@ def count_correct(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
                 responses.extend(generated[:len(batch)])
     finally:
         model.train(was_training)
+    return _correct_per_prompt(tokenizer, responses, [g for _, g in share], verifier, k)
+
+
+def _correct_per_prompt(tokenizer: PreTrainedTokenizerBase, responses: Sequence[list[int]], golds: Sequence[str],
+                        verifier: Verifier, k: int) -> list[int]:
+    """Correct responses per prompt; prompt ``i``'s ``k`` responses are at ``i*k .. i*k+k-1``."""
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    scores = verifier.score_batch(texts, [g for _, g in share for _ in range(k)]) if share else []
-    return [sum(s == 1.0 for s in scores[i * k:(i + 1) * k]) for i in range(len(share))]
+    scores = verifier.score_batch(texts, [g for g in golds for _ in range(k)]) if golds else []
+    return [sum(s == 1.0 for s in scores[i * k:(i + 1) * k]) for i in range(len(golds))]
+
+
+def count_correct_with_engine(engine: VLLMEngine, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[list[int]],
+                              golds: Sequence[str], verifier: Verifier, k: int, temperature: float, top_p: float,
+                              max_new_tokens: int, seed: int) -> list[int]:
+    """:func:`count_correct` with a vLLM engine's sampler (one process; vLLM batches by its own scheduler).
+
+    Greedy at ``temperature == 0`` (``k`` must be 1), else ``k`` samples per prompt; each
+    prompt's request is seeded from a torch RNG forked and seeded with ``seed``, so the result
+    is a function of the seed and torch's global RNG state is left as it was.
+    """
+    prompts = list(prompts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if temperature == 0:
+            generations = engine.greedy(prompts, max_new_tokens)
+        else:
+            sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+            generations = engine.generate(prompts, k, sampling)
+    return _correct_per_prompt(tokenizer, [ids for g in generations for ids in g.response_ids], golds, verifier, k)
 
 
 def accuracy_across_ranks(correct: list[int], k: int, total_prompts: int, device: torch.device) -> float:
@@ -350,11 +378,14 @@ def accuracy_across_ranks(correct: list[int], k: int, total_prompts: int, device
     return float(summed[0] / (total_prompts * k))
 
 
-def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[PromptRow],
-                   verifier: Verifier, k: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                   max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0, template: str = "{prompt}",
-                   chat_template: bool = False) -> EvalResult:
+def evaluate_model(model: PreTrainedModel | VLLMEngine, tokenizer: PreTrainedTokenizerBase,
+                   rows: Sequence[PromptRow], verifier: Verifier, k: int = 1, temperature: float = 0.0,
+                   top_p: float = 1.0, max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
+                   template: str = "{prompt}", chat_template: bool = False) -> EvalResult:
     """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones (one process).
+
+    ``model``: a transformers model, or a :class:`~ggpo_lightning.vllm_engine.VLLMEngine` holding
+    one (``ggpo eval --engine vllm``; ``batch_size`` then does not apply).
 
     Prompts are ``template.format(prompt=row.prompt)``, wrapped as a user turn of the
     tokenizer's chat template when ``chat_template``. ``k == 1`` with ``temperature == 0``
@@ -370,6 +401,11 @@ def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, r
         raise ValueError("--chat-template is set but the tokenizer has no chat template; use --no-chat-template "
                          "or an instruction-tuned model")
     prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
-    correct = count_correct(model, tokenizer, prompts, [r.gold for r in rows], verifier, k,
-                            decoding_settings(temperature, top_p), max_new_tokens, batch_size, seed)
+    golds = [r.gold for r in rows]
+    if isinstance(model, VLLMEngine):
+        correct = count_correct_with_engine(model, tokenizer, prompts, golds, verifier, k, temperature, top_p,
+                                            max_new_tokens, seed)
+    else:
+        correct = count_correct(model, tokenizer, prompts, golds, verifier, k, decoding_settings(temperature, top_p),
+                                max_new_tokens, batch_size, seed)
     return EvalResult(k, [r.id for r in rows], correct)

@@ -29,8 +29,11 @@ copy in host memory and without serialization.
   sets torch to one thread while it serves; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) bounds its
   KV cache (default 1 here when unset, vLLM's own default takes a large share of RAM);
   its attention has kernels for some head sizes only (32 works, 16 does not).
-- Tested on CPU (vllm-cpu 0.32.0). The GPU branches (sleep mode, memory share, several
-  ranks each with its own engine) follow vLLM's documented API but have not run here.
+- Tested on CPU (vllm-cpu 0.32.0), also with two FSDP2 ranks (gloo) each holding its own
+  engine. The GPU branches (sleep mode, memory share, one engine per GPU) follow vLLM's
+  documented API but have not run: vLLM's in-process worker takes ``cuda:0`` unless told
+  otherwise, so several ranks on one machine are the first thing a GPU run must check
+  (docs/PERFORMANCE.md, "What a GPU run must check").
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import contextlib
 import importlib.util
 import os
 import random
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -85,8 +89,9 @@ class VLLMEngine:
         engine_args = dict(engine_args or {})
         owned = sorted(set(engine_args) & set(OWN_ARGS))
         if owned:
-            raise ValueError(f"model.rollout.vllm_args sets {owned}, which the engine sets itself (the model folder, "
-                             "model.rollout.dtype, raw log-probs, per-request seeds); remove them")
+            raise ValueError(f"the vLLM arguments (model.rollout.vllm_args, or ggpo eval --vllm-args) set {owned}, "
+                             "which the engine sets itself (the model folder, the dtype, raw log-probs, per-request "
+                             "seeds); remove them")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs an eos token: responses stop at it")
         self.model_name_or_path = str(model_name_or_path)
@@ -98,6 +103,26 @@ class VLLMEngine:
         self._llm = None
         self._sleeps = False  # sleep between rollouts (set when built: where the platform has sleep mode)
         self._asleep = False
+        self._config_folder: tempfile.TemporaryDirectory | None = None  # from_model's config and tokenizer
+
+    @classmethod
+    def from_model(cls, model: nn.Module, tokenizer, dtype: torch.dtype | None = None,
+                   engine_args: Mapping[str, Any] | None = None) -> VLLMEngine:
+        """An engine holding ``model``'s weights (e.g. a checkpoint's learner, or an adapter merged into its base).
+
+        vLLM builds the architecture from ``model.config`` and the tokenizer saved to a
+        temporary folder (no weights on disk: ``load_format="dummy"``), and the weights are
+        then streamed from ``model``; ``model`` can be dropped afterwards. ``dtype``: vLLM's
+        precision, None = ``model``'s.
+        """
+        folder = tempfile.TemporaryDirectory(prefix="ggpo-vllm-config-")
+        model.config.save_pretrained(folder.name)
+        tokenizer.save_pretrained(folder.name)
+        engine = cls(folder.name, tokenizer, dtype or next(model.parameters()).dtype,
+                     engine_args={**(engine_args or {}), "load_format": "dummy"})
+        engine._config_folder = folder  # removed with the engine
+        engine.load_weights(model, version=0)
+        return engine
 
     @property
     def llm(self):
@@ -130,7 +155,7 @@ class VLLMEngine:
         return self
 
     def load_weights(self, learner: Weights, version: int) -> None:
-        """Stream the learner's weights into vLLM's model (cast to its dtype in place) and record ``version``.
+        """Stream the learner's weights into vLLM's model (cast to its dtype a tensor at a time); record ``version``.
 
         ``learner``: a model (its ``state_dict``, by reference), a state dict (e.g. LoRA merged) or
         ``(name, tensor)`` pairs (e.g. gathered from FSDP shards one at a time), under the
@@ -144,8 +169,10 @@ class VLLMEngine:
             pairs: Iterable[tuple[str, Tensor]] = learner.state_dict().items()
         else:
             pairs = learner.items() if isinstance(learner, Mapping) else learner
+        # cast one tensor at a time on the way in: vLLM's loader would cast too, but warns once per tensor
+        cast = ((name, tensor.to(self.dtype)) for name, tensor in pairs)
         self._wake()
-        missing = self.llm.collective_rpc(_load_into_worker, args=(iter(pairs),))[0]
+        missing = self.llm.collective_rpc(_load_into_worker, args=(cast,))[0]
         if missing:
             raise KeyError(f"vLLM's model got no weight for {missing[:5]} ({len(missing)} in all): the stream "
                            f"does not match the architecture of {self.model_name_or_path}")

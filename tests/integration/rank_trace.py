@@ -44,9 +44,10 @@ class RankTrace(L.Callback):
         same = None if reference is None else all(torch.equal(_local(r), _local(p)) for r, p in zip(
             reference.state_dict().values(), pl_module.learner.state_dict().values()))
         trainable = [_local(p).double().sum() for p in pl_module.learner.parameters() if p.requires_grad]
-        engine = sum(p.double().sum() for p in pl_module.engine.model.state_dict().values())
+        model = getattr(pl_module.engine, "model", None)  # a vLLM engine's model lives in vLLM
+        engine = None if model is None else float(sum(p.double().sum() for p in model.state_dict().values()))
         return {"engine_version": pl_module.engine.version, "reference_is_learner": same,
-                "trainable_checksum": float(sum(trainable)), "engine_checksum": float(engine)}
+                "trainable_checksum": float(sum(trainable)), "engine_checksum": engine}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.record = {"step": trainer.global_step, **self._state(pl_module)}

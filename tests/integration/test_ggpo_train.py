@@ -124,3 +124,17 @@ def test_a_run_with_the_vllm_engine_completes_and_logs_reward(tmp_path, wide_tin
     rewards = [float(r["train/reward"]) for r in rows if r["train/reward"]]
     assert len(rewards) == 3 and all(0 <= r <= 1 for r in rewards)
     assert max(float(r["train/staleness"]) for r in rows if r["train/staleness"]) > 0  # step 1 sampled from step 0
+
+
+@pytest.mark.vllm
+def test_the_quickstart_learns_with_the_vllm_engine(tmp_path, monkeypatch):
+    """The quickstart recipe, rollouts from vLLM, 100 updates: held-out greedy accuracy (256 prompts) rises by
+    more than 0.1 (the HF engine on the same budget: 0.574 -> about 0.77, docs/RESULTS.md)."""
+    monkeypatch.chdir(tmp_path)  # the recipe builds its model and data under runs/
+    cli = run_training(["--config", str(QUICKSTART), "--model.rollout.engine", "vllm", "--trainer.max_steps", "100",
+                        "--trainer.val_check_interval", "100", "--data.val_size", "256"])
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    print(f"quickstart with the vLLM engine, 100 updates: accuracy {summary['accuracy_before']:.3f} -> "
+          f"{summary['accuracy_after']:.3f} in {summary['wall_seconds']:.0f} s")
+    assert cli.model.engine.version == 100  # synced after every update
+    assert summary["accuracy_after"] > summary["accuracy_before"] + 0.1, summary

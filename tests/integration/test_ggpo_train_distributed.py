@@ -229,3 +229,25 @@ def test_an_offline_fill_on_two_processes_saves_one_file_in_prompt_order(workloa
     saved = [BehaviorBuffer.load_jsonl(run / "behavior_buffer.jsonl").groups() for run in runs]
     assert [g.prompt_id for g in saved[1]] == [g.prompt_id for g in saved[0]]
     assert len({g.prompt_id for g in saved[1]}) == 8
+
+
+@pytest.mark.vllm
+def test_fsdp_ranks_each_sync_their_vllm_engine_from_the_gathered_learner(workload, wide_tiny_model_dir):
+    """Two FSDP2 ranks, each with its own vLLM engine (float32), synced every 2 updates from the gathered
+    learner: right after a sync the engines' recorded log-probs are the learner's (drift KL ~ 0; the logged
+    metric is the mean over both ranks), one update later they are not (so the check can fail)."""
+    w = Workload(workload.root, wide_tiny_model_dir, workload.data)  # vLLM's CPU attention needs head size 32
+    run = train(w, "fsdp-vllm", *FSDP, overrides=(
+        "--data.mode", "online", "--data.buffer_path", "null", "--data.buffer_draw", "null",
+        "--model.rollout.engine", "vllm", "--model.rollout.sync_every", "2", "--model.rollout.vllm_args",
+        '{"max_model_len": 64}', "--model.optimizer.init_args.lr", "0.01"))
+    ranks = trace(run)
+    for rank in (0, 1):
+        assert [r["engine_version"] for r in ranks[rank][:STEPS]] == [0, 0, 2, 2]
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/kl_behavior_k3")]
+    staleness = [float(r["train/staleness"]) for r in rows]
+    kl = [float(r["train/kl_behavior_k3"]) for r in rows]  # [steps], >= 0
+    print(f"FSDP2 x 2 ranks, vLLM engines: KL(mu || pi) (k3) per step {kl}, staleness {staleness}")
+    assert staleness == [0, 1, 0, 1]
+    assert max(kl[0], kl[2]) < 1e-7  # the synced engines sample from the learner (fp32 kernels apart)
+    assert min(kl[1], kl[3]) > 100 * max(kl[0], kl[2], 1e-9)  # one update of staleness shows
