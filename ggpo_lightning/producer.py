@@ -57,11 +57,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.records import PromptRow
-from ggpo_lightning.rollout import RolloutEngine
+from ggpo_lightning.rollout import RolloutEngine, autocast_device
 
 __all__ = ["ProducedBatch", "RolloutProducer"]
 
@@ -146,7 +147,8 @@ class RolloutProducer:
         self._queue.extend(queued)
         self._in_flight = in_flight
         self._next_take_step = step
-        self._thread = threading.Thread(target=self._run, name="ggpo-rollout-producer", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(_callers_autocast(self.engine),),
+                                        name="ggpo-rollout-producer", daemon=True)
         self._thread.start()
 
     def take(self, step: int) -> ProducedBatch:
@@ -221,28 +223,32 @@ class RolloutProducer:
 
     # ------------------------------------------------------------------ the producer thread
 
-    def _run(self) -> None:
+    def _run(self, autocast: contextlib.AbstractContextManager) -> None:
         try:
-            while True:
-                with self.lock:
-                    while not self._stopping and (self._paused or not (self._pending or self._gate_open())):
-                        self.lock.wait()
-                    if self._stopping:
-                        return
-                    if self._pending is not None:
-                        self._loading, self._pending = self._pending, None
-                    else:
-                        rows = self._in_flight = self._in_flight or self.next_prompts()
-                        self._generating = True
-                if self._loading is not None:
-                    self._load()
-                    continue
-                self._produce(rows)
+            with autocast:
+                self._loop()
         except BaseException as error:  # handed to the learner by take()
             with self.lock:
                 self._error = error
                 self._generating = False
                 self.lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self._stopping and (self._paused or not (self._pending or self._gate_open())):
+                    self.lock.wait()
+                if self._stopping:
+                    return
+                if self._pending is not None:
+                    self._loading, self._pending = self._pending, None
+                else:
+                    rows = self._in_flight = self._in_flight or self.next_prompts()
+                    self._generating = True
+            if self._loading is not None:
+                self._load()
+                continue
+            self._produce(rows)
 
     def _gate_open(self) -> bool:
         # u: the latest step at which the next batch can be consumed
@@ -265,3 +271,12 @@ class RolloutProducer:
             self._in_flight = None
             self._generating = False
             self.lock.notify_all()
+
+
+def _callers_autocast(engine: RolloutEngine) -> contextlib.AbstractContextManager:
+    """The calling thread's autocast (``bf16-mixed``: Lightning's, around the training step) for the producer
+    thread: autocast is per thread, and a synchronous rollout runs inside the step's."""
+    device = autocast_device(engine)
+    if device is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=torch.get_autocast_dtype(device))

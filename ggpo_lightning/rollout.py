@@ -26,7 +26,7 @@ from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.records import PromptRow
 
 __all__ = ["Generation", "GroupRollout", "HFGenerateEngine", "RolloutConfig", "RolloutCounts", "RolloutEngine",
-           "SamplingConfig", "encode_prompt", "generate_responses"]
+           "SamplingConfig", "autocast_device", "encode_prompt", "generate_responses"]
 
 
 @dataclass
@@ -343,9 +343,8 @@ def _cached_weight_casts(engine: RolloutEngine) -> Iterator[None]:
     """Under autocast, each weight is cast to the low precision once for the whole rollout instead of at every
     generated token: Lightning's autocast disables the weight-cast cache (right for one forward and backward,
     costly for a token-by-token loop). The same casts, so the same numbers."""
-    model = getattr(engine, "model", None)  # an engine of another framework does its own casts
-    device = next(model.parameters()).device.type if model is not None else "cpu"
-    if model is None or not torch.is_autocast_enabled(device):
+    device = autocast_device(engine)
+    if device is None:
         yield
         return
     try:
@@ -353,6 +352,16 @@ def _cached_weight_casts(engine: RolloutEngine) -> Iterator[None]:
             yield
     finally:
         torch.clear_autocast_cache()  # the casts of this rollout's weights: the next update changes them
+
+
+def autocast_device(engine: RolloutEngine) -> str | None:
+    """The device type of the engine's model when autocast is on for it in this thread; None when off or for an
+    engine of another framework (it does its own casts)."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        return None
+    device = next(model.parameters()).device.type
+    return device if torch.is_autocast_enabled(device) else None
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int]:
