@@ -141,7 +141,7 @@ class GGPOModule(L.LightningModule):
         # behavior log-probs recorded with every group: GRPO's ratios and every objective's drift diagnostics
         self.policy = Policy(model, self.tokenizer, lora, self.rollout_config, model_name_or_path,
                              record_logprobs=True)
-        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.sync_every)
+        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.max_lag)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.rollout = GroupRollout(self.policy.engine, self.tokenizer, self.rollout_config, chat_template)
         self.reference_cache = ReferenceLogprobCache()

@@ -261,6 +261,11 @@ class RolloutConfig:
         return self.sync_every if self.max_staleness is None else self.max_staleness
 
     @property
+    def max_lag(self) -> int:
+        """The most updates a group can be behind the learner: ``sync_every - 1`` in sync mode, the bound in async."""
+        return self.sync_every - 1 if self.mode == "sync" else self.staleness_bound
+
+    @property
     def torch_dtype(self) -> torch.dtype | None:
         return DTYPES[self.dtype] if self.dtype else None
 

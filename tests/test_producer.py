@@ -215,3 +215,20 @@ def test_the_default_bound_is_sync_every():
     assert RolloutConfig(mode="async", sync_every=4).staleness_bound == 4
     assert RolloutConfig(mode="async", sync_every=4, max_staleness=3).staleness_bound == 3
     assert RolloutConfig(mode="async", sync_every=4, max_staleness=3).errors() == []
+
+
+def test_the_producer_samples_under_the_autocast_of_the_thread_that_started_it():
+    engine = FakeEngine()
+    engine.model = torch.nn.Linear(2, 2)  # what tells the producer the device of an in-process engine
+    seen = []
+
+    def rollout(rows):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return FakeRollout(engine)(rows)
+
+    producer = RolloutProducer(rollout, engine, Prompts(), max_staleness=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as Lightning's bf16-mixed around the training step
+        producer.start(0)
+    producer.take(0)
+    producer.stop()
+    assert seen == [(True, torch.bfloat16)]
