@@ -232,3 +232,37 @@ def test_the_producer_samples_under_the_autocast_of_the_thread_that_started_it()
     producer.take(0)
     producer.stop()
     assert seen == [(True, torch.bfloat16)]
+
+
+def test_the_datamodule_checkpoints_the_backlog_and_a_resume_trains_on_it_first(data_dir):
+    from types import SimpleNamespace
+
+    from ggpo_lightning.data import PromptGroupDataModule
+
+    def datamodule():
+        dm = PromptGroupDataModule(str(data_dir / "train.jsonl"), prompts_per_step=2, max_staleness=None)
+        dm.load_rows()
+        dm.trainer = SimpleNamespace(global_step=0)
+        engine = FakeEngine()
+        dm.connect_rollout(FakeRollout(engine), RolloutProducer(FakeRollout(engine), engine, dm.step_prompts, 2))
+        return dm
+
+    first = datamodule()
+    trained = [[g.prompt_id for g in first.next_batch()]]
+    first.trainer.global_step = 1
+    deadline = time.monotonic() + 30
+    while len(first._producer.backlog()[0]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)  # polling for the producer's state, not a guess of its timing
+    state = first.state_dict()
+    queued = [[g["prompt_id"] for g in b["groups"]] for b in state["async"]["queued"]]
+    assert len(queued) == 2 and state["async"]["in_flight"] is None  # the gate: steps 1 and 2 at version 0, no more
+    first._producer.stop()
+
+    second = datamodule()
+    second.load_state_dict(state)
+    second.trainer.global_step = 1
+    resumed = [[g.prompt_id for g in second.next_batch()] for _ in range(3)]
+    second._producer.stop()
+    assert resumed[:2] == queued  # the checkpoint's batches, not regenerated
+    order = [row.id for row in datamodule().next_prompts(8)]  # the seeded prompt order, uninterrupted
+    assert sum(trained + resumed, []) == order
