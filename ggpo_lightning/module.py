@@ -206,6 +206,8 @@ class GGPOModule(L.LightningModule):
     def teardown(self, stage: str) -> None:
         if self.producer is not None:
             self.producer.stop()
+        if hasattr(self.engine, "close"):  # a child generation process (async mode)
+            self.engine.close()
         if self.rollout.verifier is not None:
             self.rollout.verifier.close()
             self.rollout.verifier = None

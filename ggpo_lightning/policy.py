@@ -60,6 +60,11 @@ class Policy:
             dtype = rollout.torch_dtype or next(model.parameters()).dtype
             self.engine = VLLMEngine(model_name_or_path, tokenizer, dtype, record_logprobs=record_logprobs,
                                      engine_args=rollout.vllm_args)
+        elif rollout.mode == "async" and rollout.async_worker == "process":
+            from ggpo_lightning.child_engine import ChildProcessEngine
+
+            self.engine = ChildProcessEngine(model, tokenizer, dtype=rollout.torch_dtype,
+                                             record_logprobs=record_logprobs)
         else:
             # async: the producer samples while the learner trains, so never with the learner itself
             share = lora is None and rollout.sync_every == 1 and rollout.torch_dtype is None and rollout.mode == "sync"

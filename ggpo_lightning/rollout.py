@@ -214,6 +214,10 @@ class RolloutConfig:
     """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
     with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, HF
     engine, online data)."""
+    async_worker: str = "process"
+    """``async``: where generation runs. ``process``: a child process on the engine's weights in shared memory
+    (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL); ``thread``: in
+    the producer thread itself."""
     max_staleness: int | None = None
     """``async``: the bound on ``learner step - behavior version`` of every group it trains on (the producer waits
     for fresher weights rather than run further ahead); None = ``sync_every``. At least ``sync_every - 1``."""
@@ -246,6 +250,8 @@ class RolloutConfig:
                 "model.rollout.max_staleness bounds the producer of model.rollout.mode: async; the mode is 'sync' "
                 "(staleness is then sync_every - 1 at most; data.max_staleness drops buffered groups)"]
         errors = []
+        if self.async_worker not in ASYNC_WORKERS:
+            errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
         if self.engine != "hf":
             errors.append(f"model.rollout.mode: async runs the HF engine for now; model.rollout.engine is "
                           f"{self.engine!r} (set engine: hf or mode: sync)")
@@ -273,6 +279,7 @@ class RolloutConfig:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINES = ("hf", "vllm")
 MODES = ("sync", "async")
+ASYNC_WORKERS = ("process", "thread")
 
 
 class GroupRollout:
