@@ -16,7 +16,9 @@ synchronous run's final accuracy (same objective and seed) and the speed-up over
 synchronous run's full time; then the accuracy curves against samples trained on
 (optimizer steps x prompts x K; the producer generates at most ``max_staleness + 1``
 batches more, left unused at the end). The model and data are built once under
-``--out`` by the first run. Figures on a shared machine are noisy: the load is printed.
+``--out`` by the first run. Figures on a shared machine are noisy: the load average and
+the machine's parallel capacity (two single-thread matmul processes' throughput over one
+process's: 2.0 on two free cores) are printed; async mode can only gain what that allows.
 """
 
 from __future__ import annotations
@@ -85,7 +87,38 @@ def run(args: argparse.Namespace, objective: str, mode: str, seed: int) -> dict:
     subprocess.run(command, check=True, cwd=args.out, env=env, stdout=subprocess.DEVNULL)
     result = json.loads((run_dir / "curve.json").read_text())
     result["load_before"] = load
+    result["capacity_after"] = parallel_capacity()
     return result
+
+
+def _spin(seconds: float, result) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    count, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+        count += 1
+    result.put(count)
+
+
+def parallel_capacity(seconds: float = 3.0) -> float:
+    """How many single-thread matmul loops this machine runs side by side right now: two processes' work over one
+    process's (2.0 on two free cores; less when other work shares them)."""
+    import multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    totals = []
+    for n in (1, 2):
+        queue = context.Queue()
+        workers = [context.Process(target=_spin, args=(seconds, queue)) for _ in range(n)]
+        for w in workers:
+            w.start()
+        totals.append(sum(queue.get() for _ in workers))
+        for w in workers:
+            w.join()
+    return totals[1] / totals[0]
 
 
 def time_to(curve: list[dict], accuracy: float) -> float | None:
@@ -111,8 +144,9 @@ def main() -> None:
         return
     args.out = str(Path(args.out).resolve())
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    print(f"{os.cpu_count()} cores, load average before: {os.getloadavg()}, OMP_NUM_THREADS=1, "
-          f"{args.steps} steps, held-out accuracy every {args.val_every}", flush=True)
+    print(f"{os.cpu_count()} cores, load average before: {os.getloadavg()}, parallel capacity "
+          f"{parallel_capacity():.2f} of 2, OMP_NUM_THREADS=1, {args.steps} steps, held-out accuracy every "
+          f"{args.val_every}", flush=True)
     results = {}
     for objective in args.objectives.split(","):
         for seed in map(int, args.seeds.split(",")):
@@ -121,7 +155,8 @@ def main() -> None:
                 final = r["curve"][-1]
                 print(f"{objective:5} {mode:5} seed {seed}: {final['seconds'] / args.steps:.3f} s/step, accuracy "
                       f"{r['summary']['accuracy_before']:.3f} -> {final['accuracy']:.3f} in {final['seconds']:.1f} s "
-                      f"(load average before the run {r['load_before']:.2f})", flush=True)
+                      f"(load average before the run {r['load_before']:.2f}; "
+                      f"parallel capacity just after {r['capacity_after']:.2f} of 2)", flush=True)
     print("\n  objective seed  sync: acc / s   async: acc / s   async s to sync's final acc   speed-up")
     for (objective, mode, seed), r in results.items():
         if mode != "async":

@@ -3,8 +3,11 @@
 ``model.rollout.mode: async`` (one process, HF engine). :class:`RolloutProducer` runs the
 rollout (engine + verifier) in a background thread on the engine's *current* weights and
 queues whole steps' batches; the learner takes one per step (:meth:`RolloutProducer.take`).
-Torch releases the GIL in its kernels, so with one torch thread per Python thread the
-learner runs on one core and generation on another.
+With ``model.rollout.async_worker: process`` (the default) the engine's ``generate`` runs
+in a child process (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`) and the thread
+only waits for it and for the verifier: with one torch thread each, the learner runs on one
+core and generation on another. With ``thread`` the thread generates itself; the two then
+share the GIL, which a small model's Python-bound steps hold most of the time.
 
 **Versions.** Every batch is tagged with the engine's version when it was generated (the
 learner's update count at the engine's last weight sync, stored in each group's
@@ -40,11 +43,13 @@ producer's lock (:attr:`RolloutProducer.lock`), together with the prompt order.
 **What is reproducible at a seed.** The prompts and their order, hence which prompts form
 each step's batch; the bound on staleness; the versions, as long as the producer keeps up
 (each batch then waits at the gate and gets the first sync point ``>= u - max_staleness``).
-Not reproducible: the sampled responses (the producer's sampling and the learner share the
-global torch RNG in a timing-dependent interleaving), the versions when generation is
-slower than training (the producer then loads the newest weights it finds), and so the
-weights. A resume restores the queued batches and their versions exactly, but is not
-draw for draw the uninterrupted run.
+Not promised: the versions when generation is slower than training (the producer then
+loads the newest weights it finds), the sampled responses and so the weights. With the
+``thread`` worker the producer's sampling and the learner draw from the one global torch
+RNG in a timing-dependent order; the ``process`` worker samples from its own RNG (seeded
+from the run's), so its responses follow the versions, but nothing checks that a run
+repeats. A resume restores the queued batches and their versions exactly, but is not draw
+for draw the uninterrupted run.
 """
 
 from __future__ import annotations
