@@ -5,7 +5,7 @@
 
 Each run is ``ggpo-train --config recipes/quickstart.yaml`` (GGPO, or GRPO with
 ``recipes/baselines/grpo.yaml``), ``model.rollout.mode`` ``sync`` or ``async``
-(``recipes/async.yaml``: ``max_staleness`` 1), one torch thread per Python thread, in a
+(``recipes/overlays/async.yaml``: ``max_staleness`` 1), one torch thread per Python thread, in a
 fresh process, one run at a time, with held-out accuracy (greedy pass@1, the quickstart's
 512 sums) every ``--val-every`` steps. The clock is the training loop's: it starts after
 the starting model's evaluation and leaves out the held-out evaluations themselves (the
@@ -67,7 +67,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.objective == "grpo":
         configs += ["--config", str(RECIPES / "baselines" / "grpo.yaml")]
     if args.mode == "async":
-        configs += ["--config", str(RECIPES / "async.yaml")]
+        configs += ["--config", str(RECIPES / "overlays" / "async.yaml")]
     cli = run_training([*configs, "--seed_everything", str(args.seed), "--data.seed", str(args.seed),
                         "--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(args.val_every),
                         "--trainer.enable_progress_bar", "false", "--summary.export", "false",

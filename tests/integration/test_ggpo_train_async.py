@@ -55,7 +55,7 @@ def test_bad_async_settings_fail_before_the_model_loads(tmp_path, tiny_model_dir
 @pytest.mark.slow
 def test_the_async_quickstart_learns(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the recipe builds its model and data under runs/
-    cli = run_training(["--config", str(QUICKSTART), "--config", str(RECIPES / "async.yaml")])
+    cli = run_training(["--config", str(QUICKSTART), "--config", str(RECIPES / "overlays" / "async.yaml")])
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert summary["accuracy_after"] > summary["accuracy_before"] + 0.1, summary
     rows = metrics(Path(cli.trainer.log_dir))
