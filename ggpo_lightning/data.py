@@ -5,6 +5,8 @@ The training dataloader is an endless stream; each item is one optimizer step's
 
 - ``online``: before each draw, the next ``prompts_per_step`` prompts are rolled out by
   the module's rollout engine (the behavior policy, synced every N updates) and added;
+  with ``model.rollout.mode: async`` a producer thread has rolled them out ahead
+  (:mod:`~ggpo_lightning.producer`) and the step's batch is taken from its queue;
 - ``offline``: the buffer is filled once, from a buffer file (``buffer_path``) or by
   rolling out the training prompts with the initial model, and never refreshed.
 
@@ -24,12 +26,13 @@ process would have written it, into one ``behavior_buffer.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ggpo_lightning.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.distributed import all_gather_objects, interleave, rank_share, world
+from ggpo_lightning.producer import ProducedBatch, RolloutProducer
 from ggpo_lightning.records import PromptRow, load_dataset_rows, load_prompt_rows
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 
@@ -182,10 +186,16 @@ class PromptGroupDataModule(L.LightningDataModule):
         self._epoch = 0
         self._filled = False
         self._rollout: Rollout | None = None
+        self._producer: RolloutProducer | None = None
+        self._restored_backlog: dict[str, Any] | None = None  # async: a checkpoint's queued batches, until started
 
-    def connect_rollout(self, rollout: Rollout) -> None:
-        """The function that turns prompts into scored groups (the module's rollout engine and verifier)."""
-        self._rollout = rollout
+    def connect_rollout(self, rollout: Rollout, producer: RolloutProducer | None = None) -> None:
+        """The function that turns prompts into scored groups (the module's rollout engine and verifier) and, in
+        async mode, the producer that runs it ahead of the learner (it takes prompts from :meth:`step_prompts`)."""
+        if producer is not None and self.mode != "online":
+            raise ValueError("model.rollout.mode: async needs data.mode: online (offline data is generated once, "
+                             "before training)")
+        self._rollout, self._producer = rollout, producer
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -259,13 +269,31 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         # Called on every rank; Lightning saves rank 0's: each rank's buffer is gathered into it.
-        return {"buffers": all_gather_objects(self.buffer.state_dict()), "order": self._order,
-                "cursor": self._cursor, "epoch": self._epoch, "filled": self._filled}
+        buffers = all_gather_objects(self.buffer.state_dict())
+        with self._producer.lock if self._producer is not None else contextlib.nullcontext():
+            # async: the producer advances the prompt order; its backlog is read with it, consistently
+            state = {"buffers": buffers, "order": list(self._order), "cursor": self._cursor, "epoch": self._epoch,
+                     "filled": self._filled}
+            if self._producer is not None:
+                state["async"] = self._backlog_state()
+        return state
+
+    def _backlog_state(self) -> dict[str, Any]:
+        """Async mode: the produced batches not yet trained on and the prompts of the one in progress."""
+        if not self._producer.started:  # not one step taken since a resume: the restored backlog as it was
+            return self._restored_backlog or {"queued": [], "in_flight": None}
+        queued, in_flight = self._producer.backlog()
+        return {"queued": [batch.to_dict() for batch in queued],
+                "in_flight": None if in_flight is None else [asdict(row) for row in in_flight]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(self._my_buffer_state(state.get("buffers") or [state["buffer"]]))
         self._order, self._cursor, self._epoch = state["order"], state["cursor"], state["epoch"]
         self._filled = state["filled"]
+        self._restored_backlog = state.get("async")
+        if self._restored_backlog and self._producer is None and self._restored_backlog["queued"]:
+            warnings.warn(f"the checkpoint holds {len(self._restored_backlog['queued'])} batch(es) produced ahead by "
+                          "model.rollout.mode: async; this run is synchronous and rolls out anew", stacklevel=2)
         if self._order and (len(self._order) != len(self.train_rows)):
             # other training data (a resume with resume_mismatch_ok): the saved pass does not index it
             warnings.warn(f"the checkpoint's prompt order covers {len(self._order)} prompts, the training data has "
@@ -297,6 +325,11 @@ class PromptGroupDataModule(L.LightningDataModule):
             self._cursor += 1
         return rows
 
+    def step_prompts(self) -> list[PromptRow]:
+        """This rank's share of the next step's prompts."""
+        rank, world_size = world()
+        return rank_share(self.next_prompts(self.prompts_per_step), rank, world_size)
+
     def _rollout_groups(self, rows: list[PromptRow]) -> list[RolloutGroup]:
         if self._rollout is None:
             raise RuntimeError("PromptGroupDataModule has no rollout function: the LightningModule connects one "
@@ -305,19 +338,31 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def next_batch(self) -> list[RolloutGroup]:
         """This rank's share of one optimizer step's prompt groups (rolling out first, as the mode says)."""
-        rank, world_size = world()
-        if self.mode == "online":
-            self.buffer.add(self._rollout_groups(rank_share(self.next_prompts(self.prompts_per_step), rank,
-                                                            world_size)))
+        _, world_size = world()
+        step = self.trainer.global_step
+        if self._producer is not None:
+            self.buffer.add(self._take_produced(step).groups)
+        elif self.mode == "online":
+            self.buffer.add(self._rollout_groups(self.step_prompts()))
         elif not self._filled:
             self._fill_offline()
-        groups = self.buffer.draw(self.prompts_per_step // world_size, current_version=self.trainer.global_step)
+        groups = self.buffer.draw(self.prompts_per_step // world_size, current_version=step)
         if not groups:
             raise RuntimeError(
                 f"the behavior buffer has no groups to draw (size {len(self.buffer)}, draw "
                 f"{self.buffer.draw_policy!r}); with data.max_staleness set, groups may all be too stale"
             )
         return groups
+
+    def _take_produced(self, step: int) -> ProducedBatch:
+        """Async mode: the producer's next batch; the first call starts it, after a checkpoint's backlog."""
+        if not self._producer.started:
+            backlog = self._restored_backlog or {"queued": [], "in_flight": None}
+            self._producer.start(step, [ProducedBatch.from_dict(b) for b in backlog["queued"]],
+                                 None if backlog["in_flight"] is None else
+                                 [PromptRow(**row) for row in backlog["in_flight"]])
+            self._restored_backlog = None
+        return self._producer.take(step)
 
     def _fill_offline(self) -> None:
         rank, world_size = world()

@@ -21,6 +21,7 @@ live in :class:`~ggpo_lightning.policy.Policy`; evaluation in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -49,8 +50,9 @@ from ggpo_lightning.lora import LoraSettings
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.objectives import ObjectiveConfig, ObjectiveInputs, get_objective, ggpo_diagnostics
 from ggpo_lightning.policy import Policy
+from ggpo_lightning.producer import RolloutProducer
 from ggpo_lightning.records import PromptRow, validate_golds
-from ggpo_lightning.rollout import GroupRollout, RolloutConfig
+from ggpo_lightning.rollout import GroupRollout, RolloutConfig, RolloutCounts
 
 __all__ = ["GGPOModule"]
 
@@ -139,10 +141,11 @@ class GGPOModule(L.LightningModule):
         # behavior log-probs recorded with every group: GRPO's ratios and every objective's drift diagnostics
         self.policy = Policy(model, self.tokenizer, lora, self.rollout_config, model_name_or_path,
                              record_logprobs=True)
-        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.sync_every)
+        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.max_lag)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.rollout = GroupRollout(self.policy.engine, self.tokenizer, self.rollout_config, chat_template)
         self.reference_cache = ReferenceLogprobCache()
+        self.producer: RolloutProducer | None = None  # async mode: made in setup, with the DataModule's prompts
         self.nan_steps, self._nan_streak = 0, 0
         self._resync_engine = False  # set by a checkpoint that left the engine's weights to the learner's
 
@@ -185,9 +188,26 @@ class GGPOModule(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None:
             validate_golds(datamodule.train_rows + datamodule.val_rows, self.rollout.verifier)
-            datamodule.connect_rollout(self.rollout)
+            if self.rollout_config.mode == "async" and stage == "fit" and self.producer is None:
+                self.producer = self._make_producer(datamodule)
+            datamodule.connect_rollout(self.rollout, self.producer)
+
+    def _make_producer(self, datamodule) -> RolloutProducer:
+        if world()[1] > 1:
+            raise ValueError("model.rollout.mode: async runs on one process for now; set trainer.devices: 1 or "
+                             "model.rollout.mode: sync")
+        return RolloutProducer(self.rollout, self.engine, datamodule.step_prompts, self.rollout_config.staleness_bound,
+                               take_counts=self.rollout.take_counts)
+
+    def on_train_end(self) -> None:
+        if self.producer is not None:  # before the final evaluation: it would compete for the cores
+            self.producer.stop()
 
     def teardown(self, stage: str) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+        if hasattr(self.engine, "close"):  # a child generation process (async mode)
+            self.engine.close()
         if self.rollout.verifier is not None:
             self.rollout.verifier.close()
             self.rollout.verifier = None
@@ -282,27 +302,47 @@ class GGPOModule(L.LightningModule):
         mask, rewards = inputs.mask, inputs.rewards  # [G, K]
         n = mask.sum().clamp(min=1)
         logp = inputs.logp.detach()  # [G, K]
-        rollout_seconds, rollout_tokens, verify_seconds = self.rollout.take_step_counts()
-        verifier_stats = self.rollout.verifier.reset_stats().as_dict(prefix="verifier/")
+        counts = self._rollout_counts()
+        verifier_stats = counts.verifier.as_dict(prefix="verifier/")
+        staleness = (self.global_step - batch.versions).float()
         metrics = {
             "loss": loss.detach(),
             **ggpo_diagnostics(logp, inputs.ref_logp, rewards, self.objective_config.beta, mask),
             "behavior_anchor": behavior_anchor(logp, mask),  # the anchor term itself, whether on or off
             "reward": (rewards * mask).sum() / n,
             "accuracy": ((rewards == 1) & mask).sum() / n,
-            "staleness": (self.global_step - batch.versions).float().mean(),
-            "rollout_seconds": torch.tensor(rollout_seconds),
-            "rollout_tokens_per_s": torch.tensor(rollout_tokens / max(rollout_seconds, 1e-9)),
+            "staleness": staleness.mean(),
+            "staleness_max": staleness.max(),
+            "rollout_seconds": torch.tensor(counts.seconds),
+            "rollout_tokens_per_s": torch.tensor(counts.tokens / max(counts.seconds, 1e-9)),
             "generated_samples": torch.tensor(float(self.generated_samples)),  # cumulative: x-axis of efficiency
             **{k: torch.tensor(float(v)) for k, v in verifier_stats.items()},
+            **self._async_metrics(),
         }
         if inputs.behavior_logp is not None:
             metrics.update(drift_diagnostics(logp, inputs.behavior_logp, inputs.ref_logp, rewards, mask).as_dict())
         metrics = reduce_step_metrics(metrics, self.device)
         # the same counts (reduced) on every rank: every rank aborts at the same step, or none does
         self.verifier_health.check_step({k.removeprefix("verifier/"): float(metrics[k]) for k in verifier_stats},
-                                        self.global_step, verify_seconds)
+                                        self.global_step, counts.verify_seconds)
         return metrics
+
+    def _rollout_counts(self) -> RolloutCounts:
+        """This step's rollout counts: the rollout's own (sync), or those of the batch taken from the producer
+        (async; a batch restored from a checkpoint counted nothing in this run)."""
+        if self.producer is None:
+            return self.rollout.take_counts()
+        return self.producer.last_taken.counts or RolloutCounts()
+
+    def _async_metrics(self) -> dict[str, Tensor]:
+        """Async mode: how long the step waited for its batch, the producer's queue and the groups used past
+        ``max_staleness`` (:mod:`~ggpo_lightning.producer`)."""
+        if self.producer is None:
+            return {}
+        taken = self.producer.last_taken
+        return {"rollout_wait_seconds": torch.tensor(taken.wait_seconds),
+                "over_staleness": torch.tensor(float(taken.over_staleness)),
+                "async_queue": torch.tensor(float(len(self.producer.backlog()[0])))}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
@@ -354,8 +394,12 @@ class GGPOModule(L.LightningModule):
     # ------------------------------------------------------------------ schedules (called by the callbacks)
 
     def sync_rollout_engine(self) -> None:
-        """The learner's weights into the rollout engine, tagged with the current step (:meth:`Policy.sync_engine`)."""
-        self.policy.sync_engine(version=self.global_step)
+        """The learner's weights into the rollout engine, tagged with the current step (:meth:`Policy.sync_engine`);
+        in async mode, once the producer runs, a copy handed over for it to load at its next batch boundary."""
+        if self.producer is not None and self.producer.started:
+            self.producer.publish(self.policy.engine_weights_copy(), version=self.global_step)
+        else:
+            self.policy.sync_engine(version=self.global_step)
 
     def refresh_reference(self) -> None:
         """The reference becomes the learner (:meth:`Policy.refresh_reference`); cached reference log-probs go."""
@@ -371,12 +415,14 @@ class GGPOModule(L.LightningModule):
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
         config, sampling = self.eval_config, self.rollout_config.sampling
-        self.rollout.verifier.reset_stats()
-        correct = count_correct(self.learner, self.tokenizer, [self.rollout.encode(r.prompt) for r in rows],
-                                [r.gold for r in rows], self.rollout.verifier, 1,
-                                decoding_settings(config.temperature, sampling.top_p),
-                                config.max_new_tokens or sampling.max_new_tokens, config.batch_size, seed=0)
-        stats = self.rollout.verifier.reset_stats()
+        # async: the producer waits meanwhile (the same global RNG, seeded here, and the same verifier pool)
+        with self.producer.paused() if self.producer is not None else contextlib.nullcontext():
+            self.rollout.verifier.reset_stats()
+            correct = count_correct(self.learner, self.tokenizer, [self.rollout.encode(r.prompt) for r in rows],
+                                    [r.gold for r in rows], self.rollout.verifier, 1,
+                                    decoding_settings(config.temperature, sampling.top_p),
+                                    config.max_new_tokens or sampling.max_new_tokens, config.batch_size, seed=0)
+            stats = self.rollout.verifier.reset_stats()
         counts = sum_across_ranks(torch.tensor([stats.crashed, stats.timeout, stats.total], dtype=torch.float64,
                                                device=self.device)).tolist()
         self.verifier_health.check_evaluation(dict(zip(("crashed", "timeout", "total"), counts)),
@@ -396,9 +442,12 @@ class GGPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Called on every rank; Lightning writes rank 0's dict, so the per-rank state is gathered into it.
         ranks = all_gather_objects(current_rank_state(self.generated_samples))
-        checkpoint[CHECKPOINT_KEY] = RunState(
-            self.model_name_or_path, self.engine.version, self.policy.engine_state_to_save(self.global_step),
-            self.nan_steps, ranks, self.policy.lora_state(), self.run_fingerprint()).to_dict()
+        if self.producer is not None:  # the newest weights handed over, read safely against the producer's loads
+            version, state = self.producer.engine_checkpoint(self.global_step, self.policy.engine_state_to_save)
+        else:
+            version, state = self.engine.version, self.policy.engine_state_to_save(self.global_step)
+        checkpoint[CHECKPOINT_KEY] = RunState(self.model_name_or_path, version, state, self.nan_steps, ranks,
+                                              self.policy.lora_state(), self.run_fingerprint()).to_dict()
 
     def run_fingerprint(self) -> dict[str, Any]:
         """What a resume must match (:func:`~ggpo_lightning.checkpoint.run_fingerprint`): the settings that define

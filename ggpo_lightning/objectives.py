@@ -415,13 +415,14 @@ class ObjectiveConfig:
     behavior_anchor: float | None = None
     """Weight lambda of the behavior anchor ``lambda * mean(-log pi(y))`` over the behavior's samples
     (``docs/METHOD.md#the-behavior-anchor``), added to any objective's loss. None = the objective's default:
-    ``anchor_when_stale * beta`` when rollouts can be stale (``rollout.sync_every > 1``), else 0."""
+    ``anchor_when_stale * beta`` when rollouts can be stale (``rollout.sync_every > 1``, or ``rollout.mode: async``
+    with a ``max_staleness`` above 0), else 0."""
 
-    def anchor_weight(self, sync_every: int) -> float:
-        """The behavior anchor's lambda for rollouts synced every ``sync_every`` updates."""
+    def anchor_weight(self, max_staleness: int) -> float:
+        """The behavior anchor's lambda for rollouts at most ``max_staleness`` updates behind the learner."""
         if self.behavior_anchor is not None:
             return self.behavior_anchor
-        return get_objective(self.name).anchor_when_stale * self.beta if sync_every > 1 else 0.0
+        return get_objective(self.name).anchor_when_stale * self.beta if max_staleness > 0 else 0.0
 
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""

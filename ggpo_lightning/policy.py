@@ -60,8 +60,14 @@ class Policy:
             dtype = rollout.torch_dtype or next(model.parameters()).dtype
             self.engine = VLLMEngine(model_name_or_path, tokenizer, dtype, record_logprobs=record_logprobs,
                                      engine_args=rollout.vllm_args)
+        elif rollout.mode == "async" and rollout.async_worker == "process":
+            from ggpo_lightning.child_engine import ChildProcessEngine
+
+            self.engine = ChildProcessEngine(model, tokenizer, dtype=rollout.torch_dtype,
+                                             record_logprobs=record_logprobs)
         else:
-            share = lora is None and rollout.sync_every == 1 and rollout.torch_dtype is None
+            # async: the producer samples while the learner trains, so never with the learner itself
+            share = lora is None and rollout.sync_every == 1 and rollout.torch_dtype is None and rollout.mode == "sync"
             self.engine = HFGenerateEngine(model, tokenizer, dtype=rollout.torch_dtype,
                                            record_logprobs=record_logprobs, share=share)
         self.lora = lora
@@ -114,11 +120,21 @@ class Policy:
         Sharded (FSDP2): every rank gathers the full weights, one tensor at a time, into its
         own engine: one gather per sync, and each rank then generates for its own prompts.
         """
+        self.engine.load_weights(self._engine_weights(), version=version)
+
+    def engine_weights_copy(self) -> dict[str, Tensor]:
+        """What :meth:`sync_engine` would load, as a copy of its own (the asynchronous hand-off: the producer loads
+        it later, while the learner trains on): one more copy of the model in memory until loaded."""
+        weights = self._engine_weights()
+        pairs = weights.state_dict().items() if isinstance(weights, nn.Module) else (
+            weights.items() if isinstance(weights, dict) else weights)
+        return {name: tensor.detach().clone() for name, tensor in pairs}
+
+    def _engine_weights(self):
+        """The learner's weights as the engine loads them: the model itself, merged (LoRA) or gathered (FSDP2)."""
         if self.sharded:
-            weights = full_state_items(self.learner)
-        else:
-            weights = self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
-        self.engine.load_weights(weights, version=version)
+            return full_state_items(self.learner)
+        return self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
 
     def refresh_reference(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Make the reference a copy of the learner: a new Gibbs target.

@@ -8,6 +8,7 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   the prompt files (exist, UTF-8, JSON objects, non-empty prompts; errors name
   ``file:line``) and the behavior buffer file;
 - the optimizer's learning rate;
+- ``model.rollout.mode: async`` against the data mode and the number of processes;
 - every prompt's token length against the model's context minus ``max_new_tokens``
   (the tokenizer and ``config.json`` load, the weights do not);
 - the token ids of a behavior buffer against the model's vocabulary;
@@ -38,6 +39,7 @@ __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens"]
 def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     """Raise the first problem of the recipe ``config`` (a plain dict) that needs no model weights to find."""
     _check_optimizer(config["model"].get("optimizer"))
+    _check_async(config)
     datamodule = _datamodule(config["data"])
     if datamodule.synthetic is None or Path(datamodule.train_path).is_file():  # else generated later, by this package
         datamodule.load_rows()
@@ -59,6 +61,21 @@ def _check_optimizer(optimizer: Any) -> None:
     lr = init_args.get("lr")
     if isinstance(lr, (int, float)) and not lr > 0:
         raise ValueError(f"model.optimizer.init_args.lr must be > 0, got {lr}")
+
+
+def _check_async(config: dict[str, Any]) -> None:
+    """``model.rollout.mode: async`` with what it does not run with (its own settings: ``RolloutConfig.errors``)."""
+    if ((config["model"].get("rollout") or {}).get("mode")) != "async":
+        return
+    if (config["data"].get("mode") or "online") != "online":
+        raise ValueError(f"model.rollout.mode: async needs data.mode: online (offline data is generated once, before "
+                         f"training), got data.mode: {config['data']['mode']!r}")
+    trainer = config.get("trainer") or {}
+    processes = [str(trainer.get("devices")), str(trainer.get("num_nodes"))]  # "auto" and device lists pass
+    if any(n.isdigit() and int(n) > 1 for n in processes):
+        raise ValueError(f"model.rollout.mode: async runs on one process for now; trainer.devices is "
+                         f"{trainer.get('devices')!r}, trainer.num_nodes {trainer.get('num_nodes')!r} (set both to 1, "
+                         "or model.rollout.mode: sync)")
 
 
 def _datamodule(data: dict[str, Any]) -> PromptGroupDataModule:

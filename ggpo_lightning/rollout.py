@@ -19,13 +19,14 @@ from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+from ggpo_verifiers import VerifierStats
 
 from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.records import PromptRow
 
-__all__ = ["Generation", "GroupRollout", "HFGenerateEngine", "RolloutConfig", "RolloutEngine", "SamplingConfig",
-           "encode_prompt", "generate_responses"]
+__all__ = ["Generation", "GroupRollout", "HFGenerateEngine", "RolloutConfig", "RolloutCounts", "RolloutEngine",
+           "SamplingConfig", "autocast_device", "encode_prompt", "generate_responses"]
 
 
 @dataclass
@@ -209,6 +210,17 @@ class RolloutConfig:
     process (:class:`~ggpo_lightning.vllm_engine.VLLMEngine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
     """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
+    mode: str = "sync"
+    """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
+    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, HF
+    engine, online data)."""
+    async_worker: str = "process"
+    """``async``: where generation runs. ``process``: a child process on the engine's weights in shared memory
+    (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL); ``thread``: in
+    the producer thread itself."""
+    max_staleness: int | None = None
+    """``async``: the bound on ``learner step - behavior version`` of every group it trains on (the producer waits
+    for fresher weights rather than run further ahead); None = ``sync_every``. At least ``sync_every - 1``."""
 
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""
@@ -228,7 +240,36 @@ class RolloutConfig:
                 errors.append(f"model.rollout.engine: vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
         elif self.vllm_args:
             errors.append(f"model.rollout.vllm_args is for model.rollout.engine: vllm; the engine is {self.engine!r}")
+        return errors + self._async_errors()
+
+    def _async_errors(self) -> list[str]:
+        if self.mode not in MODES:
+            return [f"model.rollout.mode must be one of {list(MODES)}, got {self.mode!r}"]
+        if self.mode == "sync":
+            return [] if self.max_staleness is None else [
+                "model.rollout.max_staleness bounds the producer of model.rollout.mode: async; the mode is 'sync' "
+                "(staleness is then sync_every - 1 at most; data.max_staleness drops buffered groups)"]
+        errors = []
+        if self.async_worker not in ASYNC_WORKERS:
+            errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
+        if self.engine != "hf":
+            errors.append(f"model.rollout.mode: async runs the HF engine for now; model.rollout.engine is "
+                          f"{self.engine!r} (set engine: hf or mode: sync)")
+        if self.max_staleness is not None and self.max_staleness < max(0, self.sync_every - 1):
+            errors.append(f"model.rollout.max_staleness must be >= 0 and >= model.rollout.sync_every - 1 "
+                          f"({self.sync_every - 1}: a batch can need weights that the next sync brings), got "
+                          f"{self.max_staleness}")
         return errors
+
+    @property
+    def staleness_bound(self) -> int:
+        """Async mode's bound on staleness: ``max_staleness``, or ``sync_every`` when unset."""
+        return self.sync_every if self.max_staleness is None else self.max_staleness
+
+    @property
+    def max_lag(self) -> int:
+        """The most updates a group can be behind the learner: ``sync_every - 1`` in sync mode, the bound in async."""
+        return self.sync_every - 1 if self.mode == "sync" else self.staleness_bound
 
     @property
     def torch_dtype(self) -> torch.dtype | None:
@@ -237,13 +278,15 @@ class RolloutConfig:
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINES = ("hf", "vllm")
+MODES = ("sync", "async")
+ASYNC_WORKERS = ("process", "thread")
 
 
 class GroupRollout:
     """Prompts in, scored groups out: the engine's K responses per prompt and the verifier's rewards.
 
     Counts what it did: ``seconds``, ``tokens`` and ``verify_seconds`` (of ``seconds``, the
-    wait for the verifier) since the last :meth:`take_step_counts` (one step's rollout) and
+    wait for the verifier) since the last :meth:`take_counts` (one step's rollout) and
     ``generated_samples`` over the run.
     ``verifier`` is set once its worker pool is started (the module's ``setup``).
     """
@@ -286,11 +329,25 @@ class GroupRollout:
         self.generated_samples += len(responses)
         return groups
 
-    def take_step_counts(self) -> tuple[float, int, float]:
-        """Rollout seconds, response tokens and verifier seconds since the last call (then reset)."""
-        counts = (self.seconds, self.tokens, self.verify_seconds)
+    def take_counts(self) -> RolloutCounts:
+        """What was counted since the last call (then reset), the verifier's outcome counts included."""
+        counts = RolloutCounts(self.seconds, self.tokens, self.verify_seconds, self.verifier.reset_stats())
         self.seconds, self.tokens, self.verify_seconds = 0.0, 0, 0.0
         return counts
+
+
+@dataclass
+class RolloutCounts:
+    """One step's rollout (or, in async mode, one produced batch's), as counted by :class:`GroupRollout`."""
+
+    seconds: float = 0.0
+    """Wall-clock seconds of generation and scoring."""
+    tokens: int = 0
+    """Response tokens generated."""
+    verify_seconds: float = 0.0
+    """Of ``seconds``, the wait for the verifier."""
+    verifier: VerifierStats = field(default_factory=VerifierStats)
+    """The verifier's outcome counts (correct, wrong, timeout, crashed, ...)."""
 
 
 @contextlib.contextmanager
@@ -298,9 +355,8 @@ def _cached_weight_casts(engine: RolloutEngine) -> Iterator[None]:
     """Under autocast, each weight is cast to the low precision once for the whole rollout instead of at every
     generated token: Lightning's autocast disables the weight-cast cache (right for one forward and backward,
     costly for a token-by-token loop). The same casts, so the same numbers."""
-    model = getattr(engine, "model", None)  # an engine of another framework does its own casts
-    device = next(model.parameters()).device.type if model is not None else "cpu"
-    if model is None or not torch.is_autocast_enabled(device):
+    device = autocast_device(engine)
+    if device is None:
         yield
         return
     try:
@@ -308,6 +364,16 @@ def _cached_weight_casts(engine: RolloutEngine) -> Iterator[None]:
             yield
     finally:
         torch.clear_autocast_cache()  # the casts of this rollout's weights: the next update changes them
+
+
+def autocast_device(engine: RolloutEngine) -> str | None:
+    """The device type of the engine's model when autocast is on for it in this thread; None when off or for an
+    engine of another framework (it does its own casts)."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        return None
+    device = next(model.parameters()).device.type
+    return device if torch.is_autocast_enabled(device) else None
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int]:

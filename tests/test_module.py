@@ -419,6 +419,10 @@ def test_the_behavior_anchor_is_on_by_default_only_for_stale_ggpo(tiny_model_dir
     stale = RolloutConfig(k=4, sync_every=8, sampling=SamplingConfig(max_new_tokens=3))
     assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.05
     assert make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.0  # sync 1
+    lagging = RolloutConfig(k=4, mode="async", max_staleness=1, sampling=SamplingConfig(max_new_tokens=3))
+    assert make_module(tiny_model_dir, rollout=lagging, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.05
+    in_step = RolloutConfig(k=4, mode="async", max_staleness=0, sampling=SamplingConfig(max_new_tokens=3))
+    assert make_module(tiny_model_dir, rollout=in_step, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.0
     assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig("agro")).anchor_weight == 0.0
     explicit = ObjectiveConfig("agro", behavior_anchor=0.3)
     assert make_module(tiny_model_dir, rollout=stale, objective=explicit).anchor_weight == 0.3

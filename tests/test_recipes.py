@@ -13,8 +13,10 @@ from ggpo_lightning.train import run_training
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ALL_YAML = sorted(RECIPES.rglob("*.yaml"))
-BASES = [p for p in ALL_YAML if "baselines" not in p.parts]
-OVERLAYS = [p for p in ALL_YAML if "baselines" in p.parts]
+OVERLAY_FOLDERS = {"baselines", "overlays"}  # overlays go after a base recipe
+BASES = [p for p in ALL_YAML if not OVERLAY_FOLDERS & set(p.parts)]
+OVERLAYS = [p for p in ALL_YAML if "baselines" in p.parts]  # baselines: the objective only
+ROLLOUT_OVERLAYS = [p for p in ALL_YAML if "overlays" in p.parts]  # the rollout settings only
 
 
 def test_the_recipe_folder_holds_what_the_readme_promises():
@@ -72,6 +74,17 @@ def test_baseline_overlays_change_only_the_objective_side(base, overlay, capsys)
     assert config["model"]["objective"]["name"] == overlay.stem
     plain = print_config(capsys, base)
     assert config["data"] == plain["data"] and config["trainer"] == plain["trainer"]
+
+
+@pytest.mark.parametrize("overlay", ROLLOUT_OVERLAYS, ids=lambda p: p.name)
+def test_rollout_overlays_change_only_the_rollout_settings(overlay, capsys):
+    config = print_config(capsys, RECIPES / "quickstart.yaml", overlay)
+    plain = print_config(capsys, RECIPES / "quickstart.yaml")
+    assert config["data"] == plain["data"] and config["trainer"] == plain["trainer"]
+    rollout = yaml.safe_load(overlay.read_text())["model"]["rollout"]
+    assert config["model"]["rollout"] == {**plain["model"]["rollout"], **rollout} != plain["model"]["rollout"]
+    assert {k: v for k, v in config["model"].items() if k != "rollout"} == {
+        k: v for k, v in plain["model"].items() if k != "rollout"}
 
 
 def test_command_line_overrides_win(capsys):

@@ -1,12 +1,14 @@
 """``ggpo-train`` in a child process, optionally killed (SIGKILL, by itself) at a chosen point: fault injection.
 
-    python child.py [kill_save=K:FRACTION] [kill_step=K] [kill_rollout=K] [signal_step=K:NAME] -- <ggpo-train arguments>
+    python child.py [kill_save=K:FRACTION] [kill_step=K] [kill_rollout=K] [signal_step=K:NAME] [record_batches=PATH]
+        -- <ggpo-train arguments>
 
 ``kill_save``: during the K-th checkpoint save, after FRACTION of its bytes reached the
 temporary file; ``kill_step``: at the start of the training step at global step K;
 ``kill_rollout``: in the middle of the K-th rollout (after generation, before scoring);
 ``signal_step``: the process sends itself signal NAME (``SIGINT``, ``SIGTERM``) at the start
-of the training step at global step K.
+of the training step at global step K; ``record_batches``: each step's groups (prompt id, behavior version,
+response ids) are appended to the JSONL file PATH as the learner receives them.
 The kill lands where the plan says, not after a guessed delay.
 """
 
@@ -75,6 +77,23 @@ def _kill_in_rollout(k: int) -> None:
     GroupRollout.__call__ = call
 
 
+def _record_batches(path: str) -> None:
+    import json
+
+    from ggpo_lightning.data import PromptGroupDataModule
+
+    next_batch = PromptGroupDataModule.next_batch
+
+    def record(self):
+        groups = next_batch(self)
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": self.trainer.global_step, "groups": [
+                [g.prompt_id, g.behavior_version, g.response_ids] for g in groups]}) + "\n")
+        return groups
+
+    PromptGroupDataModule.next_batch = record
+
+
 def main() -> None:
     separator = sys.argv.index("--")
     plan = dict(option.split("=", 1) for option in sys.argv[1:separator])
@@ -88,6 +107,8 @@ def main() -> None:
         _at_step(int(k), lambda: os.kill(os.getpid(), getattr(signal, name)))
     if "kill_rollout" in plan:
         _kill_in_rollout(int(plan["kill_rollout"]))
+    if "record_batches" in plan:
+        _record_batches(plan["record_batches"])
     from ggpo_lightning.cli import train_main
 
     sys.argv = ["ggpo-train", *sys.argv[separator + 1:]]
