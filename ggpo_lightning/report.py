@@ -190,6 +190,9 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
         "reward_vs_steps.png": ("reward", "optimizer steps", f"train reward ({reward_window}-step mean)"),
         "drift_vs_steps.png": ("drift", "optimizer steps", f"KL(mu || pi), nats ({reward_window}-step mean)"),
     }
+    # one colour per objective in every panel (the default cycle restarts per panel and repeats after 10)
+    palette = plt.get_cmap("tab10" if len(objectives) <= 10 else "tab20")
+    colors = {objective: palette(i) for i, objective in enumerate(objectives)}
     written = []
     cols = min(len(settings), 3)
     rows = math.ceil(len(settings) / cols)
@@ -202,9 +205,9 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
                 curves = [(_smooth(c, reward_window) if attr in ("reward", "drift") else c) for c in curves if c]
                 if curves:
                     xs, ys, spread = _mean_curve(curves)
-                    line, = ax.plot(xs, ys, label=f"{objective} (n={len(curves)})")
+                    ax.plot(xs, ys, color=colors[objective], label=f"{objective} (n={len(curves)})")
                     ax.fill_between(xs, [y - s for y, s in zip(ys, spread)], [y + s for y, s in zip(ys, spread)],
-                                    color=line.get_color(), alpha=0.15, linewidth=0)
+                                    color=colors[objective], alpha=0.15, linewidth=0)
             ax.set(title=setting, xlabel=xlabel, ylabel=ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
