@@ -191,10 +191,8 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def connect_rollout(self, rollout: Rollout, producer: RolloutProducer | None = None) -> None:
         """The function that turns prompts into scored groups (the module's rollout engine and verifier) and, in
-        async mode, the producer that runs it ahead of the learner (it takes prompts from :meth:`step_prompts`)."""
-        if producer is not None and self.mode != "online":
-            raise ValueError("model.rollout.mode: async needs data.mode: online (offline data is generated once, "
-                             "before training)")
+        async mode, the producer that runs it ahead of the learner (it takes prompts from :meth:`step_prompts`; online
+        data only: :func:`~ggpo_lightning.producer.async_run_errors`)."""
         self._rollout, self._producer = rollout, producer
 
     # ------------------------------------------------------------------ Lightning hooks

@@ -50,7 +50,7 @@ from ggpo_lightning.lora import LoraSettings
 from ggpo_lightning.models import load_causal_lm, load_tokenizer
 from ggpo_lightning.objectives import ObjectiveConfig, ObjectiveInputs, get_objective, ggpo_diagnostics
 from ggpo_lightning.policy import Policy
-from ggpo_lightning.producer import RolloutProducer
+from ggpo_lightning.producer import RolloutProducer, async_run_errors
 from ggpo_lightning.records import PromptRow, validate_golds
 from ggpo_lightning.rollout import GroupRollout, RolloutConfig, RolloutCounts
 
@@ -193,9 +193,9 @@ class GGPOModule(L.LightningModule):
             datamodule.connect_rollout(self.rollout, self.producer)
 
     def _make_producer(self, datamodule) -> RolloutProducer:
-        if world()[1] > 1:
-            raise ValueError("model.rollout.mode: async runs on one process for now; set trainer.devices: 1 or "
-                             "model.rollout.mode: sync")
+        errors = async_run_errors(datamodule.mode, world()[1])
+        if errors:
+            raise ValueError("; ".join(errors))
         return RolloutProducer(self.rollout, self.engine, datamodule.step_prompts, self.rollout_config.staleness_bound,
                                take_counts=self.rollout.take_counts)
 

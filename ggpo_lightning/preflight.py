@@ -29,6 +29,7 @@ from ggpo_lightning.buffer import BehaviorBuffer
 from ggpo_lightning.checkpoint_io import check_checkpoint
 from ggpo_lightning.models import _looks_like_path
 from ggpo_lightning.data import PromptGroupDataModule, SyntheticTaskConfig
+from ggpo_lightning.producer import async_run_errors
 from ggpo_lightning.records import PromptRow
 from ggpo_lightning.rollout import SamplingConfig, encode_prompt
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
@@ -67,15 +68,13 @@ def _check_async(config: dict[str, Any]) -> None:
     """``model.rollout.mode: async`` with what it does not run with (its own settings: ``RolloutConfig.errors``)."""
     if ((config["model"].get("rollout") or {}).get("mode")) != "async":
         return
-    if (config["data"].get("mode") or "online") != "online":
-        raise ValueError(f"model.rollout.mode: async needs data.mode: online (offline data is generated once, before "
-                         f"training), got data.mode: {config['data']['mode']!r}")
     trainer = config.get("trainer") or {}
-    processes = [str(trainer.get("devices")), str(trainer.get("num_nodes"))]  # "auto" and device lists pass
-    if any(n.isdigit() and int(n) > 1 for n in processes):
-        raise ValueError(f"model.rollout.mode: async runs on one process for now; trainer.devices is "
-                         f"{trainer.get('devices')!r}, trainer.num_nodes {trainer.get('num_nodes')!r} (set both to 1, "
-                         "or model.rollout.mode: sync)")
+    processes = 1
+    for count in (str(trainer.get("devices")), str(trainer.get("num_nodes"))):  # "auto" and device lists pass
+        processes *= int(count) if count.isdigit() else 1
+    errors = async_run_errors(config["data"].get("mode") or "online", processes)
+    if errors:
+        raise ValueError(errors[0])
 
 
 def _datamodule(data: dict[str, Any]) -> PromptGroupDataModule:

@@ -69,7 +69,7 @@ from ggpo_lightning.buffer import RolloutGroup
 from ggpo_lightning.records import PromptRow
 from ggpo_lightning.rollout import RolloutEngine, autocast_device
 
-__all__ = ["ProducedBatch", "RolloutProducer"]
+__all__ = ["ProducedBatch", "RolloutProducer", "async_run_errors"]
 
 
 @dataclass
@@ -276,6 +276,19 @@ class RolloutProducer:
             self._in_flight = None
             self._generating = False
             self.lock.notify_all()
+
+
+def async_run_errors(data_mode: str, processes: int) -> list[str]:
+    """What ``model.rollout.mode: async`` does not run with, beside its own settings (``RolloutConfig.errors``):
+    checked by the preflight on the recipe and again when the module makes its producer."""
+    errors = []
+    if data_mode != "online":
+        errors.append(f"model.rollout.mode: async needs data.mode: online (offline data is generated once, before "
+                      f"training), got data.mode: {data_mode!r}")
+    if processes > 1:
+        errors.append(f"model.rollout.mode: async runs on one process for now; this run has {processes} (set "
+                      "trainer.devices and trainer.num_nodes to 1, or model.rollout.mode: sync)")
+    return errors
 
 
 def _callers_autocast(engine: RolloutEngine) -> contextlib.AbstractContextManager:

@@ -24,8 +24,8 @@ class FakeEngine:
         self.weight = torch.zeros(1)
         self.loads: list[int] = []
 
-    def generate(self, prompt_ids, n, sampling):  # not called: FakeRollout stands for engine + verifier
-        raise NotImplementedError
+    def generate(self, prompt_ids, n, sampling):
+        raise AssertionError("FakeRollout stands for engine + verifier: the producer never calls generate")
 
     def load_weights(self, weights, version: int) -> None:
         self.weight.copy_(weights["w"])
@@ -153,18 +153,18 @@ def test_a_paused_producer_finishes_its_batch_and_starts_no_other():
     producer = RolloutProducer(rollout, engine, Prompts(), max_staleness=3)
     producer.start(0)
     started.wait()
-    seen, resume = [], threading.Event()
+    seen, recorded, resume = [], threading.Event(), threading.Event()
 
     def evaluation():
         with producer.paused():
             seen.append(producer.backlog())
+            recorded.set()
             resume.wait()
 
     pausing = threading.Thread(target=evaluation)
     pausing.start()
     release.set()  # the batch in progress may finish; paused() enters only once it has
-    while not seen:
-        time.sleep(0.001)  # polling for the other thread's record, not a guess of its timing
+    assert recorded.wait(timeout=30), "paused() never entered"
     queued, in_flight = seen[0]
     assert len(queued) == 1 and in_flight is None
     assert producer.backlog() == seen[0]  # nothing started while paused (the gate was open: max_staleness 3)
