@@ -101,24 +101,28 @@ def flat(generations) -> tuple[list[list[int]], list[list[int]], list[list[float
     return prompts, [r for g in generations for r in g.response_ids], [lp for g in generations for lp in g.token_logprobs]
 
 
-def vllm_weights(engine: VLLMEngine) -> dict[str, torch.Tensor]:
-    """vLLM's model's weights as its layers apply them, read on its worker (copies).
+def applied_weights(worker) -> dict[str, torch.Tensor]:
+    """vLLM's model's weights as its layers apply them, read on its ``worker`` (copies; for ``collective_rpc``,
+    also in a separate engine's process, so defined at module level).
 
     On CPU vLLM packs each linear layer's weight for oneDNN and empties the parameter: such a
     weight is read back as ``layer(I)^T``, the identity in and the weight out.
     """
-    def read(worker):
-        weights = {}
-        for name, module in worker.model_runner.model.named_modules():
-            weight = getattr(module, "weight", None)
-            if not isinstance(weight, torch.Tensor):
-                continue
-            if weight.numel() == 0 and hasattr(module, "cpu_linear"):
-                eye = torch.eye(module.input_size, dtype=weight.dtype)  # [in, in]
-                weight = module.cpu_linear(eye, weight, None).T  # [out, in]
-            weights[f"{name}.weight"] = weight.detach().clone()
-        return weights
-    return engine.llm.collective_rpc(read)[0]
+    weights = {}
+    for name, module in worker.model_runner.model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        if weight.numel() == 0 and hasattr(module, "cpu_linear"):
+            eye = torch.eye(module.input_size, dtype=weight.dtype)  # [in, in]
+            weight = module.cpu_linear(eye, weight, None).T  # [out, in]
+        weights[f"{name}.weight"] = weight.detach().clone()
+    return weights
+
+
+def vllm_weights(engine: VLLMEngine) -> dict[str, torch.Tensor]:
+    """vLLM's model's weights as its layers apply them (:func:`applied_weights`)."""
+    return engine.llm.collective_rpc(applied_weights)[0]
 
 
 def as_vllm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,169 @@
+"""SeparateVLLMEngine: vLLM in a child process; the same tokens as in-process, weight sync through shared memory,
+a dead child named; and the placement settings' errors (those run without vLLM).
+
+The ``vllm``-marked tests share one separate engine on the wide tiny model (see test_vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import pytest
+import torch
+
+from ggpo_lightning.models import load_causal_lm, load_tokenizer
+from ggpo_lightning.rollout import RolloutConfig, RolloutEngine, SamplingConfig, generate_responses
+from ggpo_lightning.vllm_engine import VLLMEngine
+from ggpo_lightning.vllm_separate import SeparateVLLMEngine
+
+from test_vllm_engine import applied_weights, as_vllm_names, prompt_ids
+
+# ----------------------------------------------------------------------------- settings (no vLLM needed)
+
+
+def vllm_config(**settings) -> RolloutConfig:
+    return RolloutConfig(engine="vllm", **settings)
+
+
+def placement_errors(config: RolloutConfig) -> list[str]:
+    """The config's errors but the one saying vLLM is not installed (this test runs with and without it)."""
+    return [e for e in config.errors() if "is not installed" not in e]
+
+
+def test_the_separate_placement_with_its_device_is_valid_and_async_needs_it():
+    assert placement_errors(vllm_config(vllm_placement="separate", mode="async")) == []
+    assert placement_errors(vllm_config(vllm_placement="separate", vllm_devices=[1])) == []
+    [error] = placement_errors(vllm_config(mode="async"))
+    assert "model.rollout.mode: async" in error and "model.rollout.vllm_placement: separate" in error
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"vllm_placement": "remote"}, "model.rollout.vllm_placement must be one of ['colocated', 'separate']"),
+    ({"vllm_devices": [0]}, "model.rollout.vllm_devices places the separate vLLM engine; set "
+                            "model.rollout.vllm_placement: separate"),
+    ({"vllm_placement": "separate", "vllm_devices": [0, 1]}, "model.rollout.vllm_devices takes one GPU index"),
+    ({"vllm_placement": "separate", "vllm_devices": [-1]}, "model.rollout.vllm_devices takes one GPU index"),
+])
+def test_bad_placement_settings_name_the_key(settings, message):
+    [error] = placement_errors(vllm_config(**settings))
+    assert message in error
+
+
+def test_placement_settings_need_the_vllm_engine():
+    errors = RolloutConfig(vllm_placement="separate", vllm_devices=[0]).errors()
+    assert errors == ["model.rollout.vllm_placement is for model.rollout.engine: vllm; the engine is 'hf'",
+                      "model.rollout.vllm_devices is for model.rollout.engine: vllm; the engine is 'hf'"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_devices_on_a_machine_without_cuda_are_an_error_before_any_process_starts(tiny_lm):
+    model, tok = tiny_lm
+    with pytest.raises(ValueError, match=r"model.rollout.vllm_devices: \[0\] names GPUs, but this machine has no"):
+        SeparateVLLMEngine("unused", tok, torch.float32, layout=model.state_dict(), devices=[0])
+
+
+# ----------------------------------------------------------------------------- with vLLM
+
+
+@pytest.fixture(scope="module")
+def model_dir(wide_tiny_model_dir):
+    return wide_tiny_model_dir
+
+
+@pytest.fixture()
+def lm(model_dir):
+    return load_causal_lm(model_dir, dtype="float32"), load_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="module")
+def separate(model_dir):
+    engine = SeparateVLLMEngine(str(model_dir), load_tokenizer(model_dir), torch.float32,
+                                layout=load_causal_lm(model_dir, dtype="float32").state_dict(), record_logprobs=True,
+                                engine_args={"max_model_len": 64})
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_it_samples_what_the_colocated_engine_samples_in_another_process(separate, lm, model_dir):
+    """Greedy: the HF engine's tokens; sampled at a torch seed: the colocated engine's responses and log-probs
+    (the seeds are drawn in this process)."""
+    model, tok = lm
+    prompts = prompt_ids(tok)
+    assert isinstance(separate, RolloutEngine)
+    assert [g.response_ids[0] for g in separate.greedy(prompts, 8)] == generate_responses(model, tok, prompts, 8,
+                                                                                          do_sample=False)
+    assert separate.pid is not None and separate.pid != os.getpid()
+    sampling = SamplingConfig(temperature=1.5, max_new_tokens=6)
+    torch.manual_seed(3)
+    got = separate.generate(prompts, 4, sampling)
+    colocated = VLLMEngine(str(model_dir), tok, torch.float32, record_logprobs=True, engine_args={"max_model_len": 64})
+    torch.manual_seed(3)
+    expected = colocated.generate(prompts, 4, sampling)
+    del colocated
+    gc.collect()
+    assert [g.response_ids for g in got] == [g.response_ids for g in expected]
+    assert any(len({tuple(r) for r in g.response_ids}) > 1 for g in got)  # K samples, not one sample K times
+    for mine, theirs in zip(got, expected):
+        assert mine.responses == theirs.responses
+        for a, b in zip(mine.token_logprobs, theirs.token_logprobs):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+@pytest.mark.vllm
+def test_a_sync_puts_the_learners_weights_in_the_child_and_greedy_follows(separate, lm, model_dir):
+    model, tok = lm
+    prompts = prompt_ids(tok)
+    before = [g.response_ids[0] for g in separate.greedy(prompts, 8)]
+    pid = separate.pid
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    separate.load_weights(iter(model.state_dict().items()), version=5)  # a stream, as FSDP gathers it
+    assert separate.version == 5 and separate.pid == pid  # the same child, loaded through the shared buffers
+    [loaded] = separate.collective_rpc(applied_weights)  # read in the child, on vLLM's worker
+    expected = as_vllm_names(model.state_dict())
+    assert expected.keys() <= loaded.keys()
+    for name, value in expected.items():  # vLLM pads the vocabulary rows of embedding and head
+        assert torch.equal(loaded[name][:len(value)], value), name
+    after = [g.response_ids[0] for g in separate.greedy(prompts, 8)]
+    assert after == generate_responses(model, tok, prompts, 8, do_sample=False)
+    assert after != before  # the perturbation changed what greedy decoding says: the check above can fail
+
+    state = dict(model.state_dict())
+    del state["model.norm.weight"]
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        separate.load_weights(state, version=6)
+    assert separate.version == 5
+    separate.load_weights(load_causal_lm(model_dir, dtype="float32"), version=0)  # the module form; for other tests
+
+
+@pytest.mark.vllm
+def test_a_failure_in_the_child_comes_back_with_its_traceback(separate):
+    with pytest.raises(RuntimeError, match=r"(?s)failed:\nTraceback.*prompt cannot be empty"):
+        separate.greedy([[]], 4)  # vLLM refuses an empty prompt
+    assert separate.greedy([[5, 6]], 1)[0].response_ids  # the child still serves
+
+
+@pytest.mark.vllm
+def test_a_dead_child_is_a_runtime_error_naming_its_pid_and_exit_code(separate):
+    separate.greedy([[5, 6]], 1)  # started
+    pid = separate.pid
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"the vLLM engine process \(pid {pid}\) died, exit code -9"):
+        separate.greedy([[5, 6]], 1)
+    separate.close()
+    separate.close()  # idempotent
+    assert separate.pid is None
+
+
+@pytest.mark.vllm
+def test_a_start_up_failure_is_raised_at_start_with_the_childs_message(lm, model_dir):
+    _, tok = lm
+    engine = SeparateVLLMEngine(str(model_dir), tok, torch.float32, layout={}, engine_args={"seed": 1})
+    with pytest.raises(RuntimeError, match=r"(?s)could not start the engine.*which the engine sets itself"):
+        engine.greedy([[5, 6]], 1)
+    assert engine.pid is None
