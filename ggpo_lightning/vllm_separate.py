@@ -9,8 +9,9 @@ learner trains, which a vLLM engine in the trainer process would not allow (both
 Python under one GIL).
 
 - **Devices.** ``devices`` (``model.rollout.vllm_devices``) are GPU indices as the trainer
-  sees them; the child gets ``CUDA_VISIBLE_DEVICES`` set to them before it imports vLLM, so
-  vLLM sees only those. Unset, the child sees what the trainer sees and vLLM takes the
+  sees them (mapped through the trainer's own ``CUDA_VISIBLE_DEVICES`` when set); the child
+  gets ``CUDA_VISIBLE_DEVICES`` set to those GPUs before it imports vLLM, so vLLM sees only
+  them. Unset, the child sees what the trainer sees and vLLM takes the
   first (the trainer's GPU on a one-GPU machine: share memory with
   ``vllm_args.gpu_memory_utilization``). On a machine without CUDA the engine runs on CPU
   and ``devices`` is an error. On its own GPU the engine neither sleeps between rollouts
@@ -26,7 +27,7 @@ Python under one GIL).
   RNG (:func:`~ggpo_lightning.vllm_engine.draw_seeds`), as the colocated engine does: a
   synchronous run samples the same responses with either placement.
 - **Versions** are kept in the trainer process (``version``); the child holds weights only.
-- **Lifetime.** The child starts at the first request and builds vLLM then (its errors are
+- **Lifetime** (:class:`~ggpo_lightning.child_process.ChildProcess`). The child starts at the first request and builds vLLM then (its errors are
   raised here with the child's traceback); it exits when the trainer closes it
   (:meth:`close`, idempotent) or when its pipe closes (the trainer is gone, killed
   included). A child that died is a ``RuntimeError`` naming its pid and exit code.
@@ -34,7 +35,6 @@ Python under one GIL).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ggpo_lightning.child_process import ChildProcess, serve
 from ggpo_lightning.rollout import Generation, SamplingConfig, Weights, _copy_pairs
 from ggpo_lightning.vllm_engine import VLLMEngine, draw_seeds
 
@@ -70,23 +71,22 @@ class SeparateVLLMEngine:
     def __init__(self, model_name_or_path: str, tokenizer, dtype: torch.dtype, layout: Mapping[str, Tensor],
                  record_logprobs: bool = False, engine_args: Mapping[str, Any] | None = None,
                  devices: Sequence[int] | None = None) -> None:
+        self.visible_devices = None if devices is None else _visible_devices(devices)
+        """The child's ``CUDA_VISIBLE_DEVICES`` (None: inherited)."""
         if devices is not None:
-            _check_devices(devices)
             engine_args = {**OWN_DEVICE_DEFAULTS, **(engine_args or {})}
         self._engine_spec = (str(model_name_or_path), tokenizer, dtype, record_logprobs, dict(engine_args or {}))
         self.tokenizer = tokenizer
         self.dtype = dtype
-        self.devices = None if devices is None else list(devices)
         self._shapes = {name: tuple(tensor.shape) for name, tensor in layout.items()}
         self._buffers: dict[str, Tensor] = {}
         self.version = 0
-        self._child = None
-        self._conn: Connection | None = None
+        self._child = ChildProcess("the vLLM engine process")
 
     @property
     def pid(self) -> int | None:
         """The child's process id (None before the first request and after :meth:`close`)."""
-        return None if self._child is None else self._child.pid
+        return self._child.pid
 
     def to(self, device: torch.device | str) -> SeparateVLLMEngine:
         """A no-op: the engine's device is its own (``devices``)."""
@@ -125,62 +125,41 @@ class SeparateVLLMEngine:
 
     def _request(self, name: str, *args) -> Any:
         self._ensure_started()
-        try:
-            self._conn.send((name, args))
-            status, payload = self._conn.recv()
-        except (EOFError, OSError) as error:
-            raise self._died() from error
-        if status != "ok":
-            raise RuntimeError(f"the vLLM engine process (pid {self._child.pid}) failed:\n{payload}")
-        return payload
-
-    def _died(self) -> RuntimeError:
-        self._child.join(timeout=10)  # the exit code is known once the process is reaped
-        return RuntimeError(f"the vLLM engine process (pid {self._child.pid}) died, exit code {self._child.exitcode}; "
-                            "its output above may say why (e.g. out of memory)")
+        return self._child.request((name, args))
 
     def _ensure_started(self) -> None:
-        if self._child is not None:
+        if self._child.process is not None:
             return
         self._buffers = {name: torch.empty(shape, dtype=self.dtype).share_memory_()
                          for name, shape in self._shapes.items()}
-        context = torch.multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
-        self._conn, child_end = context.Pipe()
-        self._child = context.Process(target=_serve, name="ggpo-vllm-engine", daemon=True,
-                                      args=(self._engine_spec, self._buffers, self.devices, child_end))
-        self._child.start()
-        child_end.close()
+        self._child.start(_serve, (self._engine_spec, self._buffers, self.visible_devices), name="ggpo-vllm-engine")
         try:
-            status, payload = self._conn.recv()  # vLLM built (or why not)
-        except EOFError as error:
-            raise self._died() from error
-        if status != "ok":
+            self._child.reply()  # vLLM built, or why not
+        except RuntimeError as error:
             self.close()
-            raise RuntimeError(f"the vLLM engine process could not start the engine:\n{payload}")
+            raise RuntimeError(f"the vLLM engine process could not start the engine: {error}") from error
 
     def close(self) -> None:
         """Stop the child process and free the shared buffers (a later request starts a new child, at the folder's
         weights until the next sync). Idempotent."""
-        if self._child is None:
-            return
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._child.join(timeout=30)
-        if self._child.is_alive():
-            self._child.kill()
-            self._child.join()
-        self._conn.close()
-        self._child, self._conn, self._buffers = None, None, {}
+        self._child.close()
+        self._buffers = {}
 
 
-def _check_devices(devices: Sequence[int]) -> None:
+def _visible_devices(devices: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the GPUs the trainer numbers ``devices`` (through its own
+    ``CUDA_VISIBLE_DEVICES`` when set: index 1 of "2,3" is GPU 3)."""
     if not torch.cuda.is_available():
         raise ValueError(f"model.rollout.vllm_devices: {list(devices)} names GPUs, but this machine has no CUDA GPU; "
                          "leave it unset (null) to run the separate vLLM engine on CPU")
-    missing = [d for d in devices if not 0 <= d < torch.cuda.device_count()]
+    count = torch.cuda.device_count()
+    missing = [d for d in devices if not 0 <= d < count]
     if missing:
-        raise ValueError(f"model.rollout.vllm_devices: GPUs {missing} do not exist here ({torch.cuda.device_count()} "
-                         "visible to the trainer, numbered from 0)")
+        raise ValueError(f"model.rollout.vllm_devices: GPUs {missing} do not exist here ({count} visible to the "
+                         "trainer, numbered from 0)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",")[:count] if visible else [str(i) for i in range(count)]
+    return ",".join(ids[d] for d in devices)
 
 
 class _Served:
@@ -202,11 +181,11 @@ class _Served:
         return self.engine.llm.collective_rpc(method, args=args)
 
 
-def _serve(spec: tuple, buffers: dict[str, Tensor], devices: list[int] | None, conn: Connection) -> None:
-    """The child: build the engine, report ready, then answer each request ``(name, args)`` until ``None`` or the
-    parent is gone. Errors are sent back with their traceback; the child keeps serving."""
-    if devices is not None:  # before vLLM (and CUDA) initialise: vLLM sees only these GPUs
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+def _serve(spec: tuple, buffers: dict[str, Tensor], visible_devices: str | None, conn: Connection) -> None:
+    """The child: build the engine, report ready (or the error), then answer each request ``(name, args)`` with
+    ``_Served``'s method of that name until ``None`` or the parent is gone."""
+    if visible_devices is not None:  # before vLLM (and CUDA) initialise: vLLM sees only these GPUs
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     try:
         served = _Served(VLLMEngine(*spec), buffers)
         served.engine.llm  # built now: a start-up failure is reported at start, not at the first rollout
@@ -214,16 +193,4 @@ def _serve(spec: tuple, buffers: dict[str, Tensor], devices: list[int] | None, c
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:  # the parent is gone (killed included)
-            return
-        if request is None:
-            return
-        name, args = request
-        try:
-            reply = ("ok", getattr(served, name)(*args))
-        except Exception:  # noqa: BLE001 - reported to the parent, which raises it
-            reply = ("error", traceback.format_exc())
-        conn.send(reply)
+    serve(conn, lambda request: getattr(served, request[0])(*request[1]))

@@ -18,7 +18,7 @@ from ggpo_lightning.rollout import RolloutConfig, RolloutEngine, SamplingConfig,
 from ggpo_lightning.vllm_engine import VLLMEngine
 from ggpo_lightning.vllm_separate import SeparateVLLMEngine
 
-from test_vllm_engine import applied_weights, as_vllm_names, prompt_ids
+from test_vllm_engine import applied_weights, as_vllm_names, lm, model_dir, prompt_ids  # noqa: F401 - fixtures
 
 # ----------------------------------------------------------------------------- settings (no vLLM needed)
 
@@ -64,17 +64,20 @@ def test_devices_on_a_machine_without_cuda_are_an_error_before_any_process_start
         SeparateVLLMEngine("unused", tok, torch.float32, layout=model.state_dict(), devices=[0])
 
 
+def test_devices_are_the_trainers_gpu_numbers_mapped_through_its_visible_devices(tiny_lm, monkeypatch):
+    model, tok = tiny_lm
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    engine = SeparateVLLMEngine("unused", tok, torch.float32, layout=model.state_dict(), devices=[1])
+    assert engine.visible_devices == "5" and engine.pid is None  # nothing started yet
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert SeparateVLLMEngine("unused", tok, torch.float32, layout={}, devices=[2]).visible_devices == "2"
+    with pytest.raises(ValueError, match=r"model.rollout.vllm_devices: GPUs \[3\] do not exist here \(3 visible"):
+        SeparateVLLMEngine("unused", tok, torch.float32, layout={}, devices=[3])
+
+
 # ----------------------------------------------------------------------------- with vLLM
-
-
-@pytest.fixture(scope="module")
-def model_dir(wide_tiny_model_dir):
-    return wide_tiny_model_dir
-
-
-@pytest.fixture()
-def lm(model_dir):
-    return load_causal_lm(model_dir, dtype="float32"), load_tokenizer(model_dir)
 
 
 @pytest.fixture(scope="module")
