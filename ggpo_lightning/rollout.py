@@ -206,24 +206,25 @@ class RolloutConfig:
     dtype: str | None = None
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
     engine: str = "hf"
-    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process
-    or its own (``vllm_placement``; :mod:`~ggpo_lightning.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
+    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process or
+    its own (``vllm_placement``; :mod:`~ggpo_lightning.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
     """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
     vllm_placement: str = "colocated"
-    """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of its
-    own (:class:`~ggpo_lightning.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``; ``mode: async`` needs it."""
+    """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of
+    its own (:class:`~ggpo_lightning.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``; ``mode: async`` needs
+    it."""
     vllm_devices: list[int] | None = None
     """``vllm_placement: separate``: the GPU (index as the trainer sees it) the engine runs on, alone; None = the
     trainer's devices (vLLM takes the first). One GPU for now; leave unset on CPU."""
     mode: str = "sync"
     """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
-    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, online data;
-    the HF engine or the separate vLLM engine)."""
+    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, online
+    data; the HF engine or the separate vLLM engine)."""
     async_worker: str = "process"
-    """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in shared memory
-    (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL); ``thread``: in
-    the producer thread itself."""
+    """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
+    shared memory (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
+    ``thread``: in the producer thread itself."""
     max_staleness: int | None = None
     """``async``: the bound on ``learner step - behavior version`` of every group it trains on (the producer waits
     for fresher weights rather than run further ahead); None = ``sync_every``. At least ``sync_every - 1``."""
@@ -276,9 +277,9 @@ class RolloutConfig:
         if self.async_worker not in ASYNC_WORKERS:
             errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
         if self.engine == "vllm" and self.vllm_placement != "separate":
-            errors.append("model.rollout.mode: async with model.rollout.engine: vllm needs model.rollout.vllm_placement:"
-                          " separate (a vLLM engine in the trainer process would share one GIL with the learner); set "
-                          "it, or mode: sync")
+            errors.append("model.rollout.mode: async with model.rollout.engine: vllm needs "
+                          "model.rollout.vllm_placement: separate (a vLLM engine in the trainer process would share "
+                          "one GIL with the learner); set it, or mode: sync")
         if self.max_staleness is not None and self.max_staleness < max(0, self.sync_every - 1):
             errors.append(f"model.rollout.max_staleness must be >= 0 and >= model.rollout.sync_every - 1 "
                           f"({self.sync_every - 1}: a batch can need weights that the next sync brings), got "

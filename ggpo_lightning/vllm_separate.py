@@ -27,10 +27,11 @@ Python under one GIL).
   RNG (:func:`~ggpo_lightning.vllm_engine.draw_seeds`), as the colocated engine does: a
   synchronous run samples the same responses with either placement.
 - **Versions** are kept in the trainer process (``version``); the child holds weights only.
-- **Lifetime** (:class:`~ggpo_lightning.child_process.ChildProcess`). The child starts at the first request and builds vLLM then (its errors are
-  raised here with the child's traceback); it exits when the trainer closes it
-  (:meth:`close`, idempotent) or when its pipe closes (the trainer is gone, killed
-  included). A child that died is a ``RuntimeError`` naming its pid and exit code.
+- **Lifetime** (:class:`~ggpo_lightning.child_process.ChildProcess`). The child starts at
+  the first request and builds vLLM then (its errors are raised here with the child's
+  traceback); it exits when the trainer closes it (:meth:`close`, idempotent) or when its
+  pipe closes (the trainer is gone, killed included). A child that died is a
+  ``RuntimeError`` naming its pid and exit code.
 """
 
 from __future__ import annotations

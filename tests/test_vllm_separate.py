@@ -18,7 +18,8 @@ from ggpo_lightning.rollout import RolloutConfig, RolloutEngine, SamplingConfig,
 from ggpo_lightning.vllm_engine import VLLMEngine
 from ggpo_lightning.vllm_separate import SeparateVLLMEngine
 
-from test_vllm_engine import applied_weights, as_vllm_names, lm, model_dir, prompt_ids  # noqa: F401 - fixtures
+from test_vllm_engine import (applied_weights, check_a_sync_is_followed, lm, model_dir,  # noqa: F401 - fixtures
+                              prompt_ids)
 
 # ----------------------------------------------------------------------------- settings (no vLLM needed)
 
@@ -117,31 +118,11 @@ def test_it_samples_what_the_colocated_engine_samples_in_another_process(separat
 
 @pytest.mark.vllm
 def test_a_sync_puts_the_learners_weights_in_the_child_and_greedy_follows(separate, lm, model_dir):
-    model, tok = lm
-    prompts = prompt_ids(tok)
-    before = [g.response_ids[0] for g in separate.greedy(prompts, 8)]
+    separate.greedy([[5, 6]], 1)
     pid = separate.pid
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    separate.load_weights(iter(model.state_dict().items()), version=5)  # a stream, as FSDP gathers it
-    assert separate.version == 5 and separate.pid == pid  # the same child, loaded through the shared buffers
-    [loaded] = separate.collective_rpc(applied_weights)  # read in the child, on vLLM's worker
-    expected = as_vllm_names(model.state_dict())
-    assert expected.keys() <= loaded.keys()
-    for name, value in expected.items():  # vLLM pads the vocabulary rows of embedding and head
-        assert torch.equal(loaded[name][:len(value)], value), name
-    after = [g.response_ids[0] for g in separate.greedy(prompts, 8)]
-    assert after == generate_responses(model, tok, prompts, 8, do_sample=False)
-    assert after != before  # the perturbation changed what greedy decoding says: the check above can fail
-
-    state = dict(model.state_dict())
-    del state["model.norm.weight"]
-    with pytest.raises(KeyError, match="model.norm.weight"):
-        separate.load_weights(state, version=6)
-    assert separate.version == 5
-    separate.load_weights(load_causal_lm(model_dir, dtype="float32"), version=0)  # the module form; for other tests
+    # the weights read in the child, on vLLM's worker
+    check_a_sync_is_followed(separate, *lm, model_dir, lambda engine: engine.collective_rpc(applied_weights)[0])
+    assert separate.pid == pid  # the same child: loaded through the shared buffers
 
 
 @pytest.mark.vllm

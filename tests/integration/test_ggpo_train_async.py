@@ -1,4 +1,5 @@
-"""End to end: ``ggpo-train`` with ``model.rollout.mode: async`` (the producer thread and the HF engine)."""
+"""End to end: ``ggpo-train`` with ``model.rollout.mode: async`` (the producer thread; the HF engine, and the separate
+vLLM engine in the ``vllm``-marked tests)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_an_async_run_trains_within_the_staleness_bound_and_logs_its_waits(tmp_p
     ("--model.rollout.max_staleness", "-1", "model.rollout.max_staleness must be >= 0"),
     ("--data.mode", "offline", "model.rollout.mode: async needs data.mode: online"),
     ("--trainer.devices", "2", "model.rollout.mode: async runs on one process"),
+    ("--model.rollout.engine", "vllm", "async with model.rollout.engine: vllm needs model.rollout.vllm_placement: "
+                                       "separate"),
 ])
 def test_bad_async_settings_fail_before_the_model_loads(tmp_path, tiny_model_dir, field, value, match):
     with pytest.raises(ValueError, match=match):
