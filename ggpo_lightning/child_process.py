@@ -99,4 +99,3 @@ def serve(conn: Connection, answer: Callable[[Any], Any]) -> None:
         except Exception:  # noqa: BLE001 - reported to the parent, which raises it
             reply = ("error", traceback.format_exc())
         conn.send(reply)
-
