@@ -30,7 +30,7 @@ Python under one GIL).
 - **Lifetime** (:class:`~ggpo_lightning.child_process.ChildProcess`). The child starts at
   the first request and builds vLLM then (its errors are raised here with the child's
   traceback); it exits when the trainer closes it (:meth:`close`, idempotent) or when its
-  pipe closes (the trainer is gone, killed included). A child that died is a
+  pipe closes (the trainer is gone, killed included; tested). A child that died is a
   ``RuntimeError`` naming its pid and exit code.
 """
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -151,3 +154,39 @@ def test_a_start_up_failure_is_raised_at_start_with_the_childs_message(lm, model
     with pytest.raises(RuntimeError, match=r"(?s)could not start the engine.*which the engine sets itself"):
         engine.greedy([[5, 6]], 1)
     assert engine.pid is None
+
+
+@pytest.mark.vllm
+def test_the_child_exits_when_the_trainer_is_killed(model_dir):
+    """kill -9 of the parent closes the pipe: the idle child sees it and exits (no vLLM process left behind)."""
+    code = (
+        "import sys, time, torch\n"
+        "from ggpo_lightning.models import load_tokenizer\n"
+        "from ggpo_lightning.vllm_separate import SeparateVLLMEngine\n"
+        f"folder = {str(model_dir)!r}\n"
+        "engine = SeparateVLLMEngine(folder, load_tokenizer(folder), torch.float32, layout={},"
+        " engine_args={'max_model_len': 64})\n"
+        "engine.greedy([[5, 6]], 1)\n"
+        "print('PID', engine.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+    try:
+        child = next(int(line.split()[1]) for line in parent.stdout if line.startswith("PID "))  # vLLM logs too
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.2)
+    assert not _alive(child), f"the vLLM engine process {child} outlived its killed parent"
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan is reaped by init, but may linger as one briefly)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
