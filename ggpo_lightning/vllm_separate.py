@@ -1,4 +1,4 @@
-"""vLLM as a separate engine: a child process of its own, optionally on its own GPUs (``vllm_placement: separate``).
+"""vLLM as a separate engine: a child process of its own, optionally on a GPU of its own (``vllm_placement: separate``).
 
 :class:`SeparateVLLMEngine` implements :class:`~ggpo_lightning.rollout.RolloutEngine` by
 running a :class:`~ggpo_lightning.vllm_engine.VLLMEngine` (its generation and weight
@@ -30,7 +30,8 @@ Python under one GIL).
 - **Lifetime** (:class:`~ggpo_lightning.child_process.ChildProcess`). The child starts at
   the first request and builds vLLM then (its errors are raised here with the child's
   traceback); it exits when the trainer closes it (:meth:`close`, idempotent) or when its
-  pipe closes (the trainer is gone, killed included; tested). A child that died is a
+  pipe closes (the trainer is gone, killed included, once the request in progress ends;
+  tested). A child that died is a
   ``RuntimeError`` naming its pid and exit code.
 """
 
@@ -77,7 +78,6 @@ class SeparateVLLMEngine:
         if devices is not None:
             engine_args = {**OWN_DEVICE_DEFAULTS, **(engine_args or {})}
         self._engine_spec = (str(model_name_or_path), tokenizer, dtype, record_logprobs, dict(engine_args or {}))
-        self.tokenizer = tokenizer
         self.dtype = dtype
         self._shapes = {name: tuple(tensor.shape) for name, tensor in layout.items()}
         self._buffers: dict[str, Tensor] = {}
