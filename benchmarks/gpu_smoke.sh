@@ -15,6 +15,9 @@
 # query / 8 key-value heads of 128, MLP 6144), randomly initialised, with the tiny
 # word-level vocabulary (so 1.41B parameters: no 151936-row embedding), and
 # MAX_NEW_TOKENS=512 (a random model runs every response to the limit).
+# PLACEMENT=separate runs that engine in a process of its own (model.rollout.vllm_placement),
+# VLLM_DEVICE=1 on GPU 1 (model.rollout.vllm_devices; the trainer then uses DEVICES=1, GPU 0);
+# MODE=async generates in the producer thread while the learner trains (one trainer process).
 #
 # Prints the run's summary line and, per step, train tokens/s (learner + reference forward,
 # backward, optimizer) and rollout tokens/s (summed over ranks), and the median of each
@@ -50,15 +53,19 @@ MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 POSITIONS=$((MAX_NEW_TOKENS + 64 > 128 ? MAX_NEW_TOKENS + 64 : 128))  # prompt + response
 GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-false}
 SYNC_EVERY=${SYNC_EVERY:-4}
+PLACEMENT=${PLACEMENT:-colocated}
+VLLM_DEVICE=${VLLM_DEVICE:-}
+MODE=${MODE:-sync}
 PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-16}
 WORK=${WORK:-$(mktemp -d /tmp/ggpo-gpu-smoke.XXXXXX)}
-echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE, ${HIDDEN}x${LAYERS} model, $STEPS steps," \
-     "<= $MAX_NEW_TOKENS new tokens, work dir $WORK"
+echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE ($PLACEMENT${VLLM_DEVICE:+ on GPU $VLLM_DEVICE})," \
+     "$MODE rollouts, ${HIDDEN}x${LAYERS} model, $STEPS steps, <= $MAX_NEW_TOKENS new tokens, work dir $WORK"
 
 engine_args=()
 if [ "$ENGINE" = vllm ]; then
     engine_args=(--model.rollout.engine vllm --model.rollout.dtype bfloat16 --model.rollout.sync_every "$SYNC_EVERY"
-                 --model.rollout.vllm_args "{\"max_model_len\": $POSITIONS}")
+                 --model.rollout.vllm_args "{\"max_model_len\": $POSITIONS}" --model.rollout.vllm_placement "$PLACEMENT")
+    [ -z "$VLLM_DEVICE" ] || engine_args+=(--model.rollout.vllm_devices "[$VLLM_DEVICE]")
 elif [ "$ENGINE" != hf ]; then
     echo "gpu_smoke: unknown ENGINE=$ENGINE (hf or vllm)" >&2; exit 2
 fi
@@ -82,7 +89,8 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.y
     --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
     --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
-    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) "${engine_args[@]}" 2>&1 | tee "$WORK/train.log"
+    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.mode "$MODE" "${engine_args[@]}" \
+    2>&1 | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 set -e
 [ -z "$memory_poll" ] || kill "$memory_poll" 2>/dev/null || true

@@ -17,12 +17,12 @@ the parent's at start; it exits with its parent (its pipe closes).
 from __future__ import annotations
 
 import contextlib
-import traceback
 from multiprocessing.connection import Connection
 
 import torch
 from torch import nn
 
+from ggpo_lightning.child_process import ChildProcess, serve
 from ggpo_lightning.rollout import Generation, HFGenerateEngine, SamplingConfig, _cached_weight_casts, autocast_device
 
 __all__ = ["ChildProcessEngine"]
@@ -36,49 +36,26 @@ class ChildProcessEngine(HFGenerateEngine):
     def __init__(self, learner: nn.Module, tokenizer, dtype: torch.dtype | None = None,
                  record_logprobs: bool = False) -> None:
         super().__init__(learner, tokenizer, dtype=dtype, record_logprobs=record_logprobs, share=False)
-        self._child = None
-        self._conn: Connection | None = None
+        self._child = ChildProcess("the generation process")
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
         if next(self.model.parameters()).device.type != "cpu":
             return super().generate(prompt_ids, n, sampling)
-        if self._child is None:
+        if self._child.process is None:
             self._start()
-        self._conn.send((prompt_ids, n, sampling))
-        try:
-            status, payload = self._conn.recv()
-        except EOFError as error:
-            raise RuntimeError(f"the generation process (pid {self._child.pid}) died, exit code "
-                               f"{self._child.exitcode}") from error
-        if status != "ok":
-            raise RuntimeError(f"generation failed in the generation process:\n{payload}")
-        return payload
+        return self._child.request((prompt_ids, n, sampling))
 
     def _start(self) -> None:
         self.model.share_memory()  # in place: load_weights keeps copying into these storages
         device = autocast_device(self)
         autocast = torch.get_autocast_dtype(device) if device else None
         seed = int(torch.randint(2**62, ()).item())  # from the run's RNG: a seeded run starts the child alike
-        context = torch.multiprocessing.get_context("spawn")
-        self._conn, child_end = context.Pipe()
-        self._child = context.Process(target=_serve, name="ggpo-generate", daemon=True,
-                                      args=(self.model, self.tokenizer, self.record_logprobs, autocast, seed,
-                                            torch.get_num_threads(), child_end))
-        self._child.start()
-        child_end.close()
+        self._child.start(_serve, (self.model, self.tokenizer, self.record_logprobs, autocast, seed,
+                                   torch.get_num_threads()), name="ggpo-generate")
 
     def close(self) -> None:
         """Stop the child process (a later ``generate`` starts a new one). Idempotent."""
-        if self._child is None:
-            return
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._child.join(timeout=30)
-        if self._child.is_alive():
-            self._child.kill()
-            self._child.join()
-        self._conn.close()
-        self._child, self._conn = None, None
+        self._child.close()
 
 
 def _serve(model: nn.Module, tokenizer, record_logprobs: bool, autocast: torch.dtype | None, seed: int,
@@ -88,17 +65,10 @@ def _serve(model: nn.Module, tokenizer, record_logprobs: bool, autocast: torch.d
     torch.manual_seed(seed)
     engine = HFGenerateEngine(model, tokenizer, record_logprobs=record_logprobs, share=True)
     device = next(model.parameters()).device.type
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:  # the parent is gone (killed included)
-            return
-        if request is None:
-            return
-        try:
-            with torch.autocast(device, dtype=autocast) if autocast else contextlib.nullcontext():
-                with _cached_weight_casts(engine):
-                    reply = ("ok", engine.generate(*request))
-        except Exception:  # noqa: BLE001 - reported to the parent, which raises it
-            reply = ("error", traceback.format_exc())
-        conn.send(reply)
+
+    def generate(request: tuple) -> list[Generation]:
+        with torch.autocast(device, dtype=autocast) if autocast else contextlib.nullcontext():
+            with _cached_weight_casts(engine):
+                return engine.generate(*request)
+
+    serve(conn, generate)

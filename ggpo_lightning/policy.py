@@ -44,7 +44,7 @@ class Policy:
         tokenizer: its tokenizer (the engine decodes with it).
         lora: train a LoRA adapter instead of all weights; the reference is then the base
             with the adapter off (no second copy of the weights).
-        rollout: the engine (``hf`` or ``vllm``), its precision (None = the learner's) and
+        rollout: the engine (``hf`` or ``vllm``, colocated or separate), its precision (None = the learner's) and
             sync interval; the HF engine samples with the learner itself when it would be
             an exact copy at every rollout (sync every update, the learner's precision, no LoRA).
         model_name_or_path: where ``model`` was loaded from (the vLLM engine loads it too).
@@ -54,12 +54,18 @@ class Policy:
     def __init__(self, model: nn.Module, tokenizer, lora: LoraSettings | None, rollout: RolloutConfig,
                  model_name_or_path: str, record_logprobs: bool) -> None:
         self.engine: RolloutEngine
-        if rollout.engine == "vllm":
+        if rollout.engine == "vllm" and rollout.vllm_placement == "separate":
+            from ggpo_lightning.vllm_separate import SeparateVLLMEngine
+
+            # layout: the plain model's state (LoRA not wrapped yet, FSDP not sharded yet), what a sync streams
+            self.engine = SeparateVLLMEngine(model_name_or_path, tokenizer, rollout.torch_dtype or _dtype(model),
+                                             layout=model.state_dict(), record_logprobs=record_logprobs,
+                                             engine_args=rollout.vllm_args, devices=rollout.vllm_devices)
+        elif rollout.engine == "vllm":
             from ggpo_lightning.vllm_engine import VLLMEngine
 
-            dtype = rollout.torch_dtype or next(model.parameters()).dtype
-            self.engine = VLLMEngine(model_name_or_path, tokenizer, dtype, record_logprobs=record_logprobs,
-                                     engine_args=rollout.vllm_args)
+            self.engine = VLLMEngine(model_name_or_path, tokenizer, rollout.torch_dtype or _dtype(model),
+                                     record_logprobs=record_logprobs, engine_args=rollout.vllm_args)
         elif rollout.mode == "async" and rollout.async_worker == "process":
             from ggpo_lightning.child_engine import ChildProcessEngine
 
@@ -211,3 +217,7 @@ class Policy:
                              f"this run loads {model_name_or_path!r}, a different model (fingerprint "
                              f"{self.base_fingerprint} != {saved.base_fingerprint}); resume with "
                              f"--model.model_name_or_path {state.model_name_or_path}")
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype

