@@ -28,7 +28,7 @@ from ggpo_lightning.distributed import (broadcast_from_rank0_, copy_weights_, fu
                                         shard_decoder_layers)
 from ggpo_lightning.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  wrap)
-from ggpo_lightning.rollout import HFGenerateEngine, RolloutConfig, RolloutEngine
+from ggpo_lightning.rollout import HFGenerateEngine, RolloutConfig, RolloutEngine, weight_pairs
 
 __all__ = ["Policy"]
 
@@ -131,10 +131,7 @@ class Policy:
     def engine_weights_copy(self) -> dict[str, Tensor]:
         """What :meth:`sync_engine` would load, as a copy of its own (the asynchronous hand-off: the producer loads
         it later, while the learner trains on): one more copy of the model in memory until loaded."""
-        weights = self._engine_weights()
-        pairs = weights.state_dict().items() if isinstance(weights, nn.Module) else (
-            weights.items() if isinstance(weights, dict) else weights)
-        return {name: tensor.detach().clone() for name, tensor in pairs}
+        return {name: tensor.detach().clone() for name, tensor in weight_pairs(self._engine_weights())}
 
     def _engine_weights(self):
         """The learner's weights as the engine loads them: the model itself, merged (LoRA) or gathered (FSDP2)."""

@@ -67,6 +67,14 @@ Weights = Union[nn.Module, Mapping[str, Tensor], Iterable[tuple[str, Tensor]]]
 """What a rollout engine loads: a model, a state dict, or a stream of ``(name, tensor)`` pairs."""
 
 
+def weight_pairs(weights: Weights) -> Iterable[tuple[str, Tensor]]:
+    """``weights`` as ``(name, tensor)`` pairs: a model's or a state dict's items (by reference), or the stream
+    itself."""
+    if isinstance(weights, nn.Module):
+        return weights.state_dict().items()
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
 def _copy_pairs(target: Mapping[str, Tensor], pairs: Iterable[tuple[str, Tensor]]) -> None:
     """Copy streamed ``(name, tensor)`` pairs into ``target``'s tensors (e.g. a model's state) in place; every entry
     exactly once."""

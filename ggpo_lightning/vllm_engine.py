@@ -45,13 +45,13 @@ import importlib.util
 import os
 import random
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ggpo_lightning.rollout import Generation, SamplingConfig, Weights
+from ggpo_lightning.rollout import Generation, SamplingConfig, Weights, weight_pairs
 
 __all__ = ["VLLM_INSTALL_HINT", "VLLMEngine", "draw_seeds", "vllm_available"]
 
@@ -167,12 +167,8 @@ class VLLMEngine:
         Raises:
             KeyError: some of vLLM's parameters got no weight from the stream.
         """
-        if isinstance(learner, nn.Module):
-            pairs: Iterable[tuple[str, Tensor]] = learner.state_dict().items()
-        else:
-            pairs = learner.items() if isinstance(learner, Mapping) else learner
         # cast one tensor at a time on the way in: vLLM's loader would cast too, but warns once per tensor
-        cast = ((name, tensor.to(self.dtype)) for name, tensor in pairs)
+        cast = ((name, tensor.to(self.dtype)) for name, tensor in weight_pairs(learner))
         self._wake()
         missing = self.llm.collective_rpc(_load_into_worker, args=(cast,))[0]
         if missing:

@@ -39,15 +39,15 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ggpo_lightning.child_process import ChildProcess, serve
-from ggpo_lightning.rollout import Generation, SamplingConfig, Weights, _copy_pairs
+from ggpo_lightning.rollout import Generation, SamplingConfig, Weights, _copy_pairs, weight_pairs
 from ggpo_lightning.vllm_engine import VLLMEngine, draw_seeds
 
 __all__ = ["OWN_DEVICE_DEFAULTS", "SeparateVLLMEngine"]
@@ -110,12 +110,8 @@ class SeparateVLLMEngine:
             RuntimeError: the load failed in the child (its traceback) or the child died.
         """
         self._ensure_started()
-        if isinstance(learner, nn.Module):
-            pairs: Iterable[tuple[str, Tensor]] = learner.state_dict().items()
-        else:
-            pairs = learner.items() if isinstance(learner, Mapping) else learner
         with torch.no_grad():
-            _copy_pairs(self._buffers, pairs)
+            _copy_pairs(self._buffers, weight_pairs(learner))
         self._request("load_shared", version)
         self.version = version
 
