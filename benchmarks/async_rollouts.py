@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_rollouts.py --objectives ggpo --seeds 0,1 --steps 400
 
 Each run is ``ggpo-train --config recipes/quickstart.yaml`` (GGPO, or GRPO with
-``recipes/baselines/grpo.yaml``), ``model.rollout.mode`` ``sync`` or ``async``
+``recipes/baselines/grpo.yaml``), ``model.rollout.schedule`` ``sync`` or ``async``
 (``recipes/overlays/async.yaml``: ``max_staleness`` 1), one torch thread per Python thread, in a
 fresh process, one run at a time, with held-out accuracy (greedy pass@1, the quickstart's
 512 sums) every ``--val-every`` steps. The clock is the training loop's: it starts after
@@ -45,8 +45,8 @@ def worker(args: argparse.Namespace) -> None:
     """One ``ggpo-train`` run, its validations timed on the training clock; writes ``curve.json`` to ``--run-dir``."""
     import torch
 
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.train import run_training
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.cli.train import run_training
 
     torch.set_num_threads(1)
     clock = {"start": None, "eval": 0.0}

@@ -122,7 +122,7 @@ def _linear_decay(module, steps: int) -> None:
 
 def _count_tokens(module, counts: dict) -> None:
     """Counts generated response tokens and prompt tokens per rollout (wraps ``GGPOModule.rollout``)."""
-    rollout = module.rollout
+    rollout = module.group_rollout
 
     def counted(rows):
         groups = rollout(rows)
@@ -130,7 +130,7 @@ def _count_tokens(module, counts: dict) -> None:
         counts["prompt_tokens_step"] += sum(len(g.prompt_ids) * g.k for g in groups)
         return groups
 
-    module.rollout = counted
+    module.group_rollout = counted
 
 
 def main() -> None:
@@ -148,10 +148,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).parent))  # first_integer.FirstIntegerVerifier
 
-    from ggpo_lightning.train import GGPOTrainCLI, _EXPECTED_WARNINGS
-    from ggpo_lightning.data import PromptGroupDataModule
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.train import TRAINER_DEFAULTS
+    from ggpo_lightning.cli.train import GGPOTrainCLI, _EXPECTED_WARNINGS
+    from ggpo_lightning.training.data import PromptGroupDataModule
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.cli.train import TRAINER_DEFAULTS
     import warnings
 
     for pattern in _EXPECTED_WARNINGS:

@@ -77,7 +77,7 @@ if [ "$ACCELERATOR" = gpu ]; then  # peak memory in use per GPU, whoever holds i
 fi
 
 set +e  # report memory and sleeps also when the run fails (e.g. out of memory)
-HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.yaml \
+HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2proc.yaml \
     --trainer.accelerator "$ACCELERATOR" --trainer.devices "$DEVICES" \
     --trainer.strategy.data_parallel_size "$DEVICES" --trainer.precision "$PRECISION" \
     --trainer.max_steps "$STEPS" --trainer.val_check_interval "$STEPS" --trainer.enable_progress_bar false \
@@ -89,7 +89,7 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.train --config recipes/fsdp-cpu-2proc.y
     --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
     --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
-    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.mode "$MODE" "${engine_args[@]}" \
+    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE" "${engine_args[@]}" \
     2>&1 | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 set -e

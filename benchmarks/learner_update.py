@@ -37,9 +37,9 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ggpo_lightning.models import load_tokenizer
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.objectives import ggpo_loss
+    from ggpo_lightning.models.loading import load_tokenizer
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.core.objectives import ggpo_loss
     from ggpo_lightning.testing import make_group
 
     torch.set_num_threads(1)

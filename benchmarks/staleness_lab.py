@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from ggpo_lightning import tabular as lab
+from ggpo_lightning.lab import tabular as lab
 
 CONFIGS = [  # label, objective, beta, anchor lambda, log-ratio bound
     ("ggpo", "ggpo", 0.1, 0.0, None),

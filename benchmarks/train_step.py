@@ -42,9 +42,9 @@ def _peak_rss_bytes() -> int:
 def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue) -> None:
     import torch
 
-    from ggpo_lightning.records import PromptRow
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
+    from ggpo_lightning.records.prompts import PromptRow
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
     from ggpo_verifiers import get_verifier
 
     torch.manual_seed(0)
@@ -54,12 +54,12 @@ def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue
                         gradient_checkpointing=args.gradient_checkpointing,
                         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5)).to(device)
     module.engine.to(device)
-    module.verifier = get_verifier("numeric")
+    module.group_rollout.verifier = get_verifier("numeric")
     prompt = "1+2=" * max(1, args.prompt_len // 4)
     rows = [PromptRow(f"p{i}", prompt, "3") for i in range(args.groups)]
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
-    groups = module.rollout(rows)  # also the input of the train step
+    groups = module.group_rollout(rows)  # also the input of the train step
     optimizer = module.configure_optimizers()
 
     def train_step() -> int:
@@ -73,7 +73,7 @@ def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue
 
     def run_once() -> int:
         if phase == "rollout":
-            return sum(len(ids) for g in module.rollout(rows) for ids in g.response_ids)
+            return sum(len(ids) for g in module.group_rollout(rows) for ids in g.response_ids)
         return train_step()
 
     run_once()  # warm-up: allocator, kernels, optimizer state

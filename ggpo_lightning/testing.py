@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ggpo_lightning.buffer import RolloutGroup
+from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 

@@ -50,7 +50,7 @@ def wide_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture()
 def tiny_lm(tiny_model_dir):
     """``(model, tokenizer)`` loaded fresh from the tiny model folder."""
-    from ggpo_lightning.models import load_causal_lm, load_tokenizer
+    from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 
     return load_causal_lm(tiny_model_dir, dtype="float32"), load_tokenizer(tiny_model_dir)
 

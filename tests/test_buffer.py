@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_lightning import buffer as buffer_module
-from ggpo_lightning.buffer import DRAW_POLICIES, BehaviorBuffer, RolloutGroup
+from ggpo_lightning.records import buffer as buffer_module
+from ggpo_lightning.records.buffer import DRAW_POLICIES, BehaviorBuffer, RolloutGroup
 
 
 def make_group(pid: str = "p0", k: int = 3, version: int = 0, rewards: list[float] | None = None,
@@ -425,7 +425,7 @@ def test_save_failing_at_replace_leaves_old_file_and_no_temp(saved, monkeypatch)
 
 
 def test_buffer_imports_without_torch():
-    code = ("import sys, ggpo_lightning.buffer; "
+    code = ("import sys, ggpo_lightning.records.buffer; "
             "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from ggpo_lightning.checkpoint import CHECKPOINT_KEY, SCHEMA_VERSION, RunState, learner_weights, read_checkpoint
+from ggpo_lightning.models.checkpoint import CHECKPOINT_KEY, SCHEMA_VERSION, RunState, learner_weights, read_checkpoint
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "schema1"
 
@@ -32,10 +32,10 @@ def test_a_newer_schema_is_refused_naming_the_upgrade():
 def test_a_checkpoint_of_the_previous_release_resumes_where_it_would_have_gone(tiny_model_dir, data_dir):
     """The step-3 checkpoint written by the old GGPOModule, resumed by this code, reaches the old code's
     uninterrupted step-6 learner (bit for bit on the machine that wrote it; float tolerance elsewhere)."""
-    from ggpo_lightning.data import PromptGroupDataModule
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.objectives import ObjectiveConfig
-    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
+    from ggpo_lightning.training.data import PromptGroupDataModule
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.core.objectives import ObjectiveConfig
+    from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
 
     torch.manual_seed(0)
     # the old run had no behavior anchor (now on by default for stale GGPO)
@@ -55,8 +55,47 @@ def test_a_checkpoint_of_the_previous_release_resumes_where_it_would_have_gone(t
 
 
 def test_ggpo_eval_loads_the_learner_of_an_old_checkpoint(tiny_model_dir):
-    from ggpo_lightning.evaluation import load_model
+    from ggpo_lightning.evaluation.accuracy import load_model
 
     model, _ = load_model(ASSETS / "step3.ckpt", base_model=str(tiny_model_dir))
     saved = learner_weights(read_checkpoint(ASSETS / "step3.ckpt"))
     assert saved and all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
+
+
+SCHEMA3 = Path(__file__).resolve().parent / "assets" / "schema3"
+
+
+@pytest.mark.parametrize("schedule,steps", [("sync", 6), ("async", 5)])
+def test_checkpoints_from_before_the_rollout_redesign_resume_to_the_same_learner(tiny_model_dir, data_dir, schedule,
+                                                                                 steps, caplog):
+    """A sync checkpoint (stale engine weights inside) and an async one (two batches produced ahead), written by
+    the code before the RolloutSource (commit 5152331), resume to the learner that code reached: the async one
+    through its queued batches, restored by the AsyncSource."""
+    from ggpo_lightning.core.objectives import ObjectiveConfig
+    from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+    from ggpo_lightning.training.data import PromptGroupDataModule
+    from ggpo_lightning.training.module import GGPOModule
+
+    sampling = SamplingConfig(max_new_tokens=3)
+    rollout = (RolloutConfig(k=3, sync_every=2, sampling=sampling) if schedule == "sync" else
+               RolloutConfig(k=3, sync_every=1, sampling=sampling, schedule="async", async_worker="thread",
+                             max_staleness=2))
+    torch.manual_seed(0)
+    module = GGPOModule(str(tiny_model_dir), verifier="numeric", objective=ObjectiveConfig(behavior_anchor=0.0),
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2), rollout=rollout, ref_refresh_every=3)
+    module.resume_mismatch_ok = True  # the assets were written with other paths to the same model and data
+    data = PromptGroupDataModule(str(data_dir / "train.jsonl"), str(data_dir / "test.jsonl"), prompts_per_step=3,
+                                 buffer_capacity=50, buffer_draw="uniform" if schedule == "sync" else None)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        enable_checkpointing=False)
+    with caplog.at_level("WARNING"):
+        trainer.fit(module, datamodule=data, ckpt_path=str(SCHEMA3 / f"{schedule}_step3.ckpt"))
+    differences = [line for r in caplog.records if "different run" in r.getMessage()
+                   for line in r.getMessage().splitlines()[1:]]
+    assert differences and all(d.strip().startswith(("model.model_name_or_path", "training data train",
+                                                      "training data bytes")) for d in differences), differences
+    assert trainer.global_step == steps
+    expected = torch.load(SCHEMA3 / f"{schedule}_step{steps}_learner.pt", weights_only=True)
+    for name, value in module.learner.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5)

@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from ggpo_lightning.child_engine import ChildProcessEngine
-from ggpo_lightning.rollout import SamplingConfig
+from ggpo_lightning.rollouts.child_engine import ChildProcessEngine
+from ggpo_lightning.rollouts.config import SamplingConfig
 
 
 def test_the_child_samples_with_the_weights_loaded_in_the_parent(tiny_lm):

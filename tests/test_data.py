@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ggpo_lightning.data import PromptGroupDataModule
-from ggpo_lightning.records import load_dataset_rows, load_prompt_rows
+from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.records.prompts import load_dataset_rows, load_prompt_rows
 
 
 def write_jsonl(path, rows):

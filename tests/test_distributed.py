@@ -9,15 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-import ggpo_lightning.data as data_module
-from ggpo_lightning.buffer import BehaviorBuffer
-from ggpo_lightning.data import PromptGroupDataModule
-from ggpo_lightning.distributed import (all_gather_objects, copy_weights_, decoder_layers, interleave, rank_share,
-                                        sum_across_ranks, world)
-from ggpo_lightning.distributed import _summed_metric
-from ggpo_lightning.rollout import HFGenerateEngine
+import ggpo_lightning.training.data as data_module
+from ggpo_lightning.records.buffer import BehaviorBuffer
+from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.core.distributed import all_gather_objects, interleave, rank_share, sum_across_ranks, world
+from ggpo_lightning.models.sharding import copy_weights_, decoder_layers
+from ggpo_lightning.core.distributed import _summed_metric
+from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+from ggpo_lightning.rollouts.group import RolloutCounts
+from ggpo_lightning.rollouts.source import SyncSource
 from ggpo_lightning.testing import make_group
-from ggpo_lightning.train import check_devices
+from ggpo_lightning.cli.train import check_devices
 
 
 def test_rank_shares_are_disjoint_and_interleave_back_in_order():
@@ -102,8 +104,8 @@ def test_online_ranks_roll_out_disjoint_shares_of_each_step(tmp_path, monkeypatc
             return [make_group([1], [[2], [3]], [1.0, 0.0], prompt_id=r.id) for r in rows]
 
         dm.trainer = SimpleNamespace(global_step=0)
-        dm.connect_rollout(rollout)
-        drawn[rank] = [[g.prompt_id for g in dm.next_batch()] for _ in range(3)]
+        dm.connect_source(SyncSource(FunctionRollout(rollout), dict))
+        drawn[rank] = [[g.prompt_id for g in dm.next_batch().groups] for _ in range(3)]
         assert drawn[rank] == rolled  # each rank trains on the groups it rolled out itself
     _as_rank(monkeypatch, 0, 1)
     one = _datamodule(tmp_path, prompts_per_step=4, seed=3)
@@ -167,8 +169,8 @@ class _Mesh:
 def test_fsdp_settings_it_cannot_train_are_errors(tiny_model_dir, lora, tensor_parallel, message):
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from ggpo_lightning.lora import LoraSettings
-    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.models.lora import LoraSettings
+    from ggpo_lightning.training.module import GGPOModule
 
     module = GGPOModule(str(tiny_model_dir), verifier="numeric", lora=LoraSettings(r=2) if lora else None)
     module._trainer = SimpleNamespace(strategy=ModelParallelStrategy(), precision="32-true")
@@ -178,10 +180,10 @@ def test_fsdp_settings_it_cannot_train_are_errors(tiny_model_dir, lora, tensor_p
 
 
 def test_checkpoints_keep_per_rank_state_and_old_ones_still_load(tiny_model_dir):
-    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.training.module import GGPOModule
 
     module = GGPOModule(str(tiny_model_dir), verifier="numeric")
-    module.generated_samples = 96
+    module.group_rollout.generated_samples = 96
     checkpoint = {}
     module.on_save_checkpoint(checkpoint)
     state = checkpoint["ggpo"]
@@ -189,7 +191,7 @@ def test_checkpoints_keep_per_rank_state_and_old_ones_still_load(tiny_model_dir)
     expected = torch.rand(3)
     old = {k: v for k, v in state.items() if k != "ranks"}  # the single-process layout of earlier releases
     old.update(rng=state["ranks"][0]["rng"], generated_samples=96)
-    module.generated_samples = 0
+    module.group_rollout.generated_samples = 0
     module.on_load_checkpoint({"ggpo": old})
     assert module.generated_samples == 96 and torch.equal(torch.rand(3), expected)
 
@@ -198,7 +200,7 @@ def test_step_metrics_reduce_nan_aware_except_the_loss(monkeypatch):
     """Two ranks simulated: the other rank's values are added by the fake all-reduce."""
     import math
 
-    from ggpo_lightning import distributed
+    from ggpo_lightning.core import distributed
 
     nan = float("nan")
     other = {"loss": 1.0, "reward": 0.5, "logratio_correct": -2.0, "logratio_wrong": nan, "generated_samples": 8.0}
@@ -220,3 +222,16 @@ def test_step_metrics_reduce_nan_aware_except_the_loss(monkeypatch):
     mine["loss"] = nan  # a NaN loss on one rank is NaN for all: every rank skips the step
     out = distributed.reduce_step_metrics({n: torch.tensor(v) for n, v in mine.items()}, torch.device("cpu"))
     assert math.isnan(out["loss"].item())
+
+
+class FunctionRollout:
+    """A plain function as the rollout of a source (no engine, nothing counted)."""
+
+    def __init__(self, rollout) -> None:
+        self.rollout, self.engine = rollout, None
+
+    def __call__(self, rows):
+        return self.rollout(rows)
+
+    def take_counts(self) -> RolloutCounts:
+        return RolloutCounts()

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ggpo_lightning.drift import behavior_anchor, drift_diagnostics
+from ggpo_lightning.core.drift import behavior_anchor, drift_diagnostics
 
 f64 = torch.float64
 LOG2 = math.log(2)

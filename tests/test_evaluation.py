@@ -11,9 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ggpo_lightning.records import PromptRow
-from ggpo_lightning.eval_cli import eval_command
-from ggpo_lightning.evaluation import (
+from ggpo_lightning.records.prompts import PromptRow
+from ggpo_lightning.cli.eval import eval_command
+from ggpo_lightning.evaluation.accuracy import (
     EvalResult,
     avg_at_k,
     evaluate_model,
@@ -127,12 +127,12 @@ def test_sampled_evaluation_is_a_function_of_the_seed_and_leaves_the_global_rng_
 
 
 def test_greedy_accuracy_equals_the_modules_evaluate(tiny_model_dir, tiny_lm):
-    from ggpo_lightning.module import GGPOModule
-    from ggpo_lightning.rollout import RolloutConfig, SamplingConfig
+    from ggpo_lightning.training.module import GGPOModule
+    from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
 
     module = GGPOModule(str(tiny_model_dir), verifier="numeric",
                         rollout=RolloutConfig(k=2, sampling=SamplingConfig(max_new_tokens=3)))
-    module.verifier = get_verifier("numeric")
+    module.group_rollout.verifier = get_verifier("numeric")
     model, tokenizer = tiny_lm
     result = evaluate_model(model, tokenizer, ROWS, get_verifier("numeric"), max_new_tokens=3, batch_size=256)
     assert result.correct == [1, 0, 1, 0]
@@ -145,7 +145,7 @@ def test_greedy_accuracy_equals_the_modules_evaluate(tiny_model_dir, tiny_lm):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """A finished 2-step ggpo-train run: final_model/, checkpoints/last.ckpt, config.yaml."""
-    from ggpo_lightning.train import run_training
+    from ggpo_lightning.cli.train import run_training
 
     tmp = tmp_path_factory.mktemp("eval-run")
     cli = run_training([
@@ -154,7 +154,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
         "--model.rollout.k", "2", "--model.rollout.sampling.max_new_tokens", "3",
         "--model.optimizer.init_args.lr", "0.01",
         "--data.train_path", str(tmp / "data" / "train.jsonl"), "--data.val_path", str(tmp / "data" / "test.jsonl"),
-        "--data.synthetic.n_train", "16", "--data.synthetic.n_test", "4", "--data.prompts_per_step", "2",
+        "--synthetic_data.n_train", "16", "--synthetic_data.n_test", "4", "--data.prompts_per_step", "2",
         "--trainer.logger.init_args.save_dir", str(tmp / "runs"), "--trainer.max_steps", "2",
     ])
     return Path(cli.trainer.log_dir)

@@ -12,13 +12,13 @@ import ggpo_lightning
 
 def test_every_module_imports():
     names = [m.name for m in pkgutil.walk_packages(ggpo_lightning.__path__, "ggpo_lightning.")]
-    assert "ggpo_lightning.objectives" in names and "ggpo_lightning.cli" in names
+    assert "ggpo_lightning.core.objectives" in names and "ggpo_lightning.cli.main" in names
     for name in names:
         importlib.import_module(name)
 
 
 def test_package_and_cli_import_without_torch():
-    code = ("import sys, ggpo_lightning, ggpo_lightning.cli; "
+    code = ("import sys, ggpo_lightning, ggpo_lightning.cli.main; "
             "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -31,7 +31,7 @@ def test_ggpo_eval_runs_without_importing_lightning(tiny_model_dir, tmp_path):
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from ggpo_lightning.eval_cli import eval_command\n"
+        "from ggpo_lightning.cli.eval import eval_command\n"
         f"result = CliRunner().invoke(eval_command, [{str(tiny_model_dir)!r}, {str(bench)!r}, '--verifier', "
         "'numeric', '--max-new-tokens', '3', '--device', 'cpu'])\n"
         "assert result.exit_code == 0, result.output\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggpo_lightning.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, sequence_logprobs,
+from ggpo_lightning.core.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, sequence_logprobs,
                                     supports_packed, token_logprobs)
 
 

@@ -10,13 +10,13 @@ import lightning as L
 import pytest
 import torch
 
-from ggpo_lightning.logprobs import sequence_logprobs
-from ggpo_lightning.lora import LoraSettings, lora_layers
-from ggpo_lightning.models import load_causal_lm, load_tokenizer
-from ggpo_lightning.module import GGPOModule
-from ggpo_lightning.objectives import ObjectiveConfig
-from ggpo_lightning.rollout import RolloutConfig
-from ggpo_lightning.rollout import SamplingConfig
+from ggpo_lightning.core.logprobs import sequence_logprobs
+from ggpo_lightning.models.lora import LoraSettings, lora_layers
+from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
+from ggpo_lightning.training.module import GGPOModule
+from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.testing import make_group
 from test_module import fit, fit_resumable, make_data, make_module
 
@@ -74,7 +74,7 @@ def test_a_few_steps_with_each_objective_change_only_adapter_parameters(tiny_mod
     module = make_lora_module(tiny_model_dir, objective=ObjectiveConfig(objective, beta=0.1))
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
     trainer = fit(module, make_data(data_dir, prompts_per_step=6), steps=3)
-    assert trainer.global_step == 3 and module.nan_steps == 0
+    assert trainer.global_step == 3 and module.nan_guard.total == 0
     changed = {n for n, p in module.learner.named_parameters() if not torch.equal(p, before[n])}
     assert changed == adapter_names(module), f"{objective}: changed {changed ^ adapter_names(module)}"
     optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
@@ -197,7 +197,7 @@ def test_resume_against_another_base_names_both(tiny_model_dir, data_dir, tmp_pa
 
 
 def test_ggpo_eval_loads_a_lora_checkpoint_as_the_merged_learner(tiny_model_dir, data_dir, tmp_path):
-    from ggpo_lightning.evaluation import load_model
+    from ggpo_lightning.evaluation.accuracy import load_model
 
     module, _, _ = _run(tiny_model_dir, data_dir, tmp_path, 4, save_at=4)  # a refresh at step 3
     model, _ = load_model(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
@@ -219,8 +219,8 @@ def test_both_exports_load_back_with_the_learners_logprobs(tiny_model_dir, data_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ggpo_lightning.evaluation import load_model
-    from ggpo_lightning.export import write_folder
+    from ggpo_lightning.evaluation.accuracy import load_model
+    from ggpo_lightning.models.export import write_folder
 
     torch.manual_seed(0)
     module = make_lora_module(tiny_model_dir, ref_refresh_every=refresh_every,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from ggpo_lightning.models import load_causal_lm, load_tokenizer
+from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.tasks import tiny_model
 from ggpo_lightning.tasks.tiny_model import (
     TinyModelConfig,

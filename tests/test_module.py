@@ -6,13 +6,13 @@ import lightning as L
 import pytest
 import torch
 
-from ggpo_lightning.data import PromptGroupDataModule
-from ggpo_lightning.evaluation import EvalConfig
-from ggpo_lightning.module import GGPOModule
-from ggpo_lightning.objectives import ObjectiveConfig
-from ggpo_lightning.rollout import RolloutConfig
-from ggpo_lightning.objectives import ggpo_weights
-from ggpo_lightning.rollout import SamplingConfig
+from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.evaluation.accuracy import EvalConfig
+from ggpo_lightning.training.module import GGPOModule
+from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.core.objectives import ggpo_weights
+from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.testing import make_group
 
 
@@ -69,7 +69,7 @@ class Probe(L.Callback):
         })
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.rows[-1]["versions"] = [g.behavior_version for g in batch]
+        self.rows[-1]["versions"] = [g.behavior_version for g in batch.groups]
 
 
 @pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl"])
@@ -105,7 +105,7 @@ def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
     got = [p.grad.clone() for p in module.learner.parameters()]
 
     # closed form: -beta * sum_i (w_i - 1/K) grad logp_i, averaged over the 2 groups
-    from ggpo_lightning.logprobs import sequence_logprobs
+    from ggpo_lightning.core.logprobs import sequence_logprobs
 
     rows = (batch.input_ids, batch.attention_mask, batch.target_mask)
     logp, _ = sequence_logprobs(module.learner, *rows)
@@ -218,7 +218,7 @@ def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_
     monkeypatch.setattr(module, "step_loss", lambda batch: (real_loss(batch)[0] * float("nan"), real_loss(batch)[1]))
     trainer = fit(module, make_data(data_dir), steps=10, tmp_path=tmp_path)
     # the skipped steps change no parameter; they still count toward max_steps
-    assert module.nan_steps == 3 and trainer.global_step == 3
+    assert module.nan_guard.total == 3 and trainer.global_step == 3
     assert all(torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
     assert (tmp_path / "nan-stop.ckpt").is_file()
 
@@ -233,11 +233,11 @@ def test_an_unusable_gold_answer_fails_at_setup_naming_file_and_line(tiny_model_
 
 
 def test_sampled_evaluation_is_repeatable_and_leaves_the_training_rng_alone(tiny_model_dir, data_dir):
-    from ggpo_lightning.records import load_prompt_rows
+    from ggpo_lightning.records.prompts import load_prompt_rows
     from ggpo_verifiers import get_verifier
 
     module = make_module(tiny_model_dir, eval=EvalConfig(temperature=1.0))
-    module.verifier = get_verifier("numeric")
+    module.group_rollout.verifier = get_verifier("numeric")
     rows = load_prompt_rows(data_dir / "test.jsonl")
     state = torch.get_rng_state()
     first = module.evaluate(rows)
@@ -251,10 +251,10 @@ def test_chat_template_wraps_the_prompt_as_a_user_turn(tiny_model_dir):
     with pytest.raises(ValueError, match="no chat template"):
         make_module(tiny_model_dir, chat_template=True)
     module = make_module(tiny_model_dir)
-    plain = module.rollout.encode("1+2=")
+    plain = module.group_rollout.encode("1+2=")
     module.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}"
-    module.rollout.chat_template = True
-    wrapped = module.rollout.encode("1+2=")
+    module.group_rollout.chat_template = True
+    wrapped = module.group_rollout.encode("1+2=")
     assert module.tokenizer.decode(wrapped, skip_special_tokens=True) == "1+2=1+2="
     assert wrapped != plain
 
@@ -282,7 +282,7 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
     module = make_module(tiny_model_dir)
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
     trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed")
-    assert trainer.global_step == 2 and module.nan_steps == 0
+    assert trainer.global_step == 2 and module.nan_guard.total == 0
     assert all(p.dtype == torch.float32 for p in module.learner.parameters())  # fp32 master weights
     assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
 
@@ -324,7 +324,7 @@ def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_d
 
 
 def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm, monkeypatch):
-    from ggpo_lightning import batch as batch_module
+    from ggpo_lightning.core import batch as batch_module
 
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -336,9 +336,11 @@ def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_mod
     monkeypatch.setattr(batch_module, "batch_token_logprobs", lambda model, batch, chunk: calls.append(
         [g.prompt_id for g in batch.groups]) or real(model, batch, chunk))
     forward = lambda model, batch: real(model, batch, module.logprob_chunk_size)  # noqa: E731
-    cached = module.reference_token_logprobs(module.pack([a]))  # computes a's
+    reference = lambda batch: module.reference_cache.token_logprobs(  # noqa: E731
+        module.reference, batch, module.tokenizer.pad_token_id, module.logprob_chunk_size)
+    cached = reference(module.pack([a]))  # computes a's
     both = module.pack([b, a])
-    got = module.reference_token_logprobs(both)  # computes b's only, reuses a's
+    got = reference(both)  # computes b's only, reuses a's
     assert calls == [["a"], ["b"]]
     with torch.no_grad():
         recomputed = forward(module.reference, both)  # [B, L]
@@ -349,7 +351,7 @@ def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_mod
     module.refresh_reference()
     with torch.no_grad():
         recomputed = forward(module.reference, both)
-    torch.testing.assert_close(module.reference_token_logprobs(both), recomputed, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reference(both), recomputed, rtol=1e-5, atol=1e-6)
     assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
     del a, b, both
     assert not len(module.reference_cache)  # entries leave with their groups
@@ -368,24 +370,24 @@ def test_gradients_are_freed_right_after_each_update(tiny_model_dir, data_dir):
 
 
 def test_a_rollout_under_autocast_casts_the_weights_once_and_samples_the_same(tiny_model_dir):
-    from ggpo_lightning.records import PromptRow
+    from ggpo_lightning.records.prompts import PromptRow
     from ggpo_verifiers import get_verifier
 
     module = make_module(tiny_model_dir)
-    module.verifier = get_verifier("numeric")
+    module.group_rollout.verifier = get_verifier("numeric")
     rows = [PromptRow("a", "1+2=", "3"), PromptRow("b", "4+4=", "8")]
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):  # as Lightning's bf16-mixed
         torch.manual_seed(0)
-        cached = module.rollout(rows)
+        cached = module.group_rollout(rows)
         torch.manual_seed(0)
-        prompts = [module.rollout.encode(r.prompt) for r in rows]
+        prompts = [module.group_rollout.encode(r.prompt) for r in rows]
         plain = module.engine.generate(prompts, 4, module.rollout_config.sampling)
     assert [g.response_ids for g in cached] == [g.response_ids for g in plain]
 
 
 def test_the_default_progress_bar_counts_optimizer_steps_and_shows_what_a_user_watches(tiny_model_dir, data_dir,
                                                                                         capsys):
-    from ggpo_lightning.callbacks import StepProgressBar
+    from ggpo_lightning.training.callbacks import StepProgressBar
 
     module = make_module(tiny_model_dir)
     trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_model_summary=False,
@@ -419,9 +421,9 @@ def test_the_behavior_anchor_is_on_by_default_only_for_stale_ggpo(tiny_model_dir
     stale = RolloutConfig(k=4, sync_every=8, sampling=SamplingConfig(max_new_tokens=3))
     assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.05
     assert make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.0  # sync 1
-    lagging = RolloutConfig(k=4, mode="async", max_staleness=1, sampling=SamplingConfig(max_new_tokens=3))
+    lagging = RolloutConfig(k=4, schedule="async", max_staleness=1, sampling=SamplingConfig(max_new_tokens=3))
     assert make_module(tiny_model_dir, rollout=lagging, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.05
-    in_step = RolloutConfig(k=4, mode="async", max_staleness=0, sampling=SamplingConfig(max_new_tokens=3))
+    in_step = RolloutConfig(k=4, schedule="async", max_staleness=0, sampling=SamplingConfig(max_new_tokens=3))
     assert make_module(tiny_model_dir, rollout=in_step, objective=ObjectiveConfig(beta=0.05)).anchor_weight == 0.0
     assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig("agro")).anchor_weight == 0.0
     explicit = ObjectiveConfig("agro", behavior_anchor=0.3)
@@ -431,7 +433,7 @@ def test_the_behavior_anchor_is_on_by_default_only_for_stale_ggpo(tiny_model_dir
 
 
 def test_the_anchor_adds_lambda_times_the_mean_behavior_nll(tiny_model_dir, tiny_lm):
-    from ggpo_lightning.objectives import ggpo_loss
+    from ggpo_lightning.core.objectives import ggpo_loss
 
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ggpo_lightning.objectives import (
+from ggpo_lightning.core.objectives import (
     ObjectiveConfig,
     ObjectiveInputs,
     agro_loss,
@@ -329,7 +329,7 @@ def test_an_objective_from_one_file_trains_without_touching_the_module(tiny_mode
     import runpy
     from pathlib import Path
 
-    from ggpo_lightning import objectives
+    from ggpo_lightning.core import objectives
     from test_module import fit, make_data, make_module
 
     path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rloo_objective.py"

@@ -10,10 +10,12 @@ import time
 import pytest
 import torch
 
-from ggpo_lightning.buffer import RolloutGroup
-from ggpo_lightning.producer import ProducedBatch, RolloutProducer
-from ggpo_lightning.records import PromptRow
-from ggpo_lightning.rollout import RolloutConfig
+from ggpo_lightning.records.buffer import RolloutGroup
+from ggpo_lightning.rollouts.group import RolloutCounts
+from ggpo_lightning.rollouts.producer import ProducedBatch, RolloutProducer
+from ggpo_lightning.rollouts.source import AsyncSource
+from ggpo_lightning.records.prompts import PromptRow
+from ggpo_lightning.rollouts.config import RolloutConfig
 
 
 class FakeEngine:
@@ -32,6 +34,9 @@ class FakeEngine:
         self.version = version
         self.loads.append(version)
 
+    def close(self) -> None:
+        """Nothing to release (what a source's close calls)."""
+
 
 class FakeRollout:
     """Prompts in, one group per prompt out, tagged as GroupRollout tags them (the engine's version); records
@@ -47,6 +52,13 @@ class FakeRollout:
         return [RolloutGroup(prompt_id=r.id, prompt=r.prompt, gold=r.gold, prompt_ids=[1], response_ids=[[2], [3]],
                              responses=["a", "b"], rewards=[0.0, 1.0], behavior_version=self.engine.version)
                 for r in rows]
+
+
+class CountingRollout(FakeRollout):
+    """A FakeRollout that counts as :class:`GroupRollout` does (what a source attaches to each batch)."""
+
+    def take_counts(self) -> RolloutCounts:
+        return RolloutCounts()
 
 
 class Prompts:
@@ -201,10 +213,10 @@ def test_a_checkpoint_reads_the_newest_published_weights():
 
 
 @pytest.mark.parametrize("settings,match", [
-    (dict(mode="async", max_staleness=-1), "model.rollout.max_staleness must be >= 0"),
-    (dict(mode="async", sync_every=4, max_staleness=2), r"max_staleness must be >= 0 and >= model.rollout.sync_every"),
-    (dict(mode="asynch"), "model.rollout.mode must be one of"),
-    (dict(mode="sync", max_staleness=2), "model.rollout.max_staleness bounds the producer"),
+    (dict(schedule="async", max_staleness=-1), "model.rollout.max_staleness must be >= 0"),
+    (dict(schedule="async", sync_every=4, max_staleness=2), r"max_staleness must be >= 0 and >= model.rollout.sync_every"),
+    (dict(schedule="asynch"), "model.rollout.schedule must be one of"),
+    (dict(schedule="sync", max_staleness=2), "model.rollout.max_staleness bounds the producer"),
 ])
 def test_bad_async_settings_name_their_key(settings, match):
     errors = RolloutConfig(**settings).errors()
@@ -212,9 +224,9 @@ def test_bad_async_settings_name_their_key(settings, match):
 
 
 def test_the_default_bound_is_sync_every():
-    assert RolloutConfig(mode="async", sync_every=4).staleness_bound == 4
-    assert RolloutConfig(mode="async", sync_every=4, max_staleness=3).staleness_bound == 3
-    assert RolloutConfig(mode="async", sync_every=4, max_staleness=3).errors() == []
+    assert RolloutConfig(schedule="async", sync_every=4).staleness_limit == 4
+    assert RolloutConfig(schedule="async", sync_every=4, max_staleness=3).staleness_limit == 3
+    assert RolloutConfig(schedule="async", sync_every=4, max_staleness=3).errors() == []
 
 
 def test_the_producer_samples_under_the_autocast_of_the_thread_that_started_it():
@@ -237,32 +249,31 @@ def test_the_producer_samples_under_the_autocast_of_the_thread_that_started_it()
 def test_the_datamodule_checkpoints_the_backlog_and_a_resume_trains_on_it_first(data_dir):
     from types import SimpleNamespace
 
-    from ggpo_lightning.data import PromptGroupDataModule
+    from ggpo_lightning.training.data import PromptGroupDataModule
 
     def datamodule():
-        dm = PromptGroupDataModule(str(data_dir / "train.jsonl"), prompts_per_step=2, max_staleness=None)
+        dm = PromptGroupDataModule(str(data_dir / "train.jsonl"), prompts_per_step=2)
         dm.load_rows()
         dm.trainer = SimpleNamespace(global_step=0)
-        engine = FakeEngine()
-        dm.connect_rollout(FakeRollout(engine), RolloutProducer(FakeRollout(engine), engine, dm.step_prompts, 2))
+        dm.connect_source(AsyncSource(CountingRollout(FakeEngine()), dict, staleness_limit=2))
         return dm
 
     first = datamodule()
-    trained = [[g.prompt_id for g in first.next_batch()]]
+    trained = [[g.prompt_id for g in first.next_batch().groups]]
     first.trainer.global_step = 1
     deadline = time.monotonic() + 30
-    while len(first._producer.backlog()[0]) < 2 and time.monotonic() < deadline:
+    while len(first.source.producer.backlog()[0]) < 2 and time.monotonic() < deadline:
         time.sleep(0.001)  # polling for the producer's state, not a guess of its timing
     state = first.state_dict()
     queued = [[g["prompt_id"] for g in b["groups"]] for b in state["async"]["queued"]]
     assert len(queued) == 2 and state["async"]["in_flight"] is None  # the gate: steps 1 and 2 at version 0, no more
-    first._producer.stop()
+    first.source.close()
 
     second = datamodule()
     second.load_state_dict(state)
     second.trainer.global_step = 1
-    resumed = [[g.prompt_id for g in second.next_batch()] for _ in range(3)]
-    second._producer.stop()
+    resumed = [[g.prompt_id for g in second.next_batch().groups] for _ in range(3)]
+    second.source.close()
     assert resumed[:2] == queued  # the checkpoint's batches, not regenerated
     order = [row.id for row in datamodule().next_prompts(8)]  # the seeded prompt order, uninterrupted
     assert sum(trained + resumed, []) == order

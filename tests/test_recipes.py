@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ggpo_lightning.train import run_training
+from ggpo_lightning.cli.train import run_training
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ALL_YAML = sorted(RECIPES.rglob("*.yaml"))
@@ -95,7 +95,10 @@ def test_command_line_overrides_win(capsys):
 
 @pytest.mark.parametrize("old,new", [("--model.beta", "model.objective.beta"),
                                      ("--model.eval_temperature", "model.eval.temperature"),
-                                     ("--model.objective", "model.objective.name: grpo")])
+                                     ("--model.objective", "model.objective.name: grpo"),
+                                     ("--model.rollout.mode", "model.rollout.schedule"),
+                                     ("--data.max_staleness", "data.buffer_max_staleness"),
+                                     ("--data.synthetic.n_train", "synthetic_data")])
 def test_a_renamed_key_on_the_command_line_names_its_new_key(old, new):
     with pytest.raises(ValueError, match=rf"command line: {old[2:]}.* is now {new}"):
         run_training(["--config", str(RECIPES / "quickstart.yaml"), old, "grpo" if "objective" in old else "0.5"])
@@ -103,13 +106,42 @@ def test_a_renamed_key_on_the_command_line_names_its_new_key(old, new):
 
 def test_a_renamed_key_in_a_recipe_file_names_its_new_key_and_the_file(tmp_path):
     old = tmp_path / "old.yaml"
-    old.write_text("model:\n  objective: grpo\n  beta: 0.1\n  eval_batch_size: 8\n  tiny_model: {hidden_size: 8}\n")
+    old.write_text("model:\n  objective: grpo\n  beta: 0.1\n  eval_batch_size: 8\n  tiny_model: {hidden_size: 8}\n"
+                   "  rollout: {mode: async}\ndata: {max_staleness: 2, synthetic: {n_train: 8}}\n")
     with pytest.raises(ValueError) as error:
         run_training(["--config", str(RECIPES / "quickstart.yaml"), "--config", str(old)])
     message = str(error.value)
     for expected in ("model.objective: grpo is now model.objective.name: grpo", "model.beta is now model.objective.beta",
-                     "model.eval_batch_size is now model.eval.batch_size", "model.tiny_model is now tiny_model"):
+                     "model.eval_batch_size is now model.eval.batch_size", "model.tiny_model is now tiny_model",
+                     "model.rollout.mode is now model.rollout.schedule", "data.max_staleness is now data.buffer_max_staleness",
+                     "data.synthetic is now synthetic_data"):
         assert f"{old}: {expected}" in message
+
+
+def test_a_run_configuration_saved_before_the_renames_is_migrated_not_refused(tmp_path, capsys):
+    """A ``config.yaml`` that ggpo-train saved in a run directory (beside its metrics.csv) is the run's own record:
+    its renamed keys move to the new ones (with a warning), the file itself is left as it was."""
+    import yaml
+
+    recipe = yaml.safe_load((RECIPES / "quickstart.yaml").read_text())
+    recipe["data"]["synthetic"] = recipe.pop("synthetic_data")
+    recipe["model"]["rollout"]["mode"] = "sync"
+    recipe["data"]["max_staleness"] = 4
+    run_dir = tmp_path / "version_0"
+    run_dir.mkdir()
+    (run_dir / "metrics.csv").write_text("step\n")
+    saved = run_dir / "config.yaml"
+    saved.write_text(yaml.safe_dump(recipe))
+    before = saved.read_text()
+    with pytest.warns(UserWarning, match="model.rollout.mode -> model.rollout.schedule.*data.synthetic -> synthetic_data"):
+        config = print_config(capsys, saved)
+    assert config["model"]["rollout"]["schedule"] == "sync" and config["data"]["buffer_max_staleness"] == 4
+    assert config["synthetic_data"]["n_train"] == recipe["data"]["synthetic"]["n_train"]
+    assert saved.read_text() == before
+    copied = tmp_path / "config.yaml"  # the same file outside a run directory is a recipe: refused
+    copied.write_text(before)
+    with pytest.raises(ValueError, match="model.rollout.mode is now model.rollout.schedule"):
+        print_config(capsys, copied)
 
 
 def test_a_typo_in_a_flag_is_an_error_naming_it(capsys):
@@ -120,7 +152,7 @@ def test_a_typo_in_a_flag_is_an_error_naming_it(capsys):
 
 
 def test_ggpo_train_help_runs_as_a_program():
-    out = subprocess.run([sys.executable, "-c", "from ggpo_lightning.cli import train_main; train_main()", "--help"],
+    out = subprocess.run([sys.executable, "-c", "from ggpo_lightning.cli.main import train_main; train_main()", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for flag in ("--config", "--print_config", "--model.objective", "--model.eval", "--data.train_path",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggpo_lightning.logprobs import pack_sequences, token_logprobs
-from ggpo_lightning.rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, generate_responses
+from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
+from ggpo_lightning.rollouts.config import SamplingConfig
+from ggpo_lightning.rollouts.engine import RolloutEngine
+from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses
 
 
 def params_equal(a, b) -> bool:

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ggpo_lightning.cli import main
-from ggpo_lightning.report import collect_runs, markdown_table
-from ggpo_lightning.sweep import load_grid
+from ggpo_lightning.cli.main import main
+from ggpo_lightning.lab.report import collect_runs, markdown_table
+from ggpo_lightning.lab.sweep import load_grid
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
 
@@ -26,7 +26,7 @@ def write_grid(tmp_path: Path, model_dir: Path, **changes) -> Path:
             "model.rollout.sampling.max_new_tokens": 3, "data.prompts_per_step": 2,
             "data.train_path": str(tmp_path / "data" / "train.jsonl"),
             "data.val_path": str(tmp_path / "data" / "test.jsonl"),
-            "data.synthetic.n_train": 32, "data.synthetic.n_test": 8,
+            "synthetic_data.n_train": 32, "synthetic_data.n_test": 8,
             "trainer.max_steps": 3, "trainer.val_check_interval": 2, "summary.export": False,
         },
         "axes": {"objective": {"ggpo": {"model.objective.name": "ggpo"}, "grpo": {"model.objective.name": "grpo"}},
@@ -116,7 +116,7 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
 
 
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
-    from ggpo_lightning.report import Run
+    from ggpo_lightning.lab.report import Run
 
     runs = [Run(tmp_path, "ggpo", "sync1", s, a) for s, a in enumerate([0.5, 0.6, 0.7])]
     runs.append(Run(tmp_path, "grpo", "offline", 0, 0.25))
@@ -126,7 +126,7 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
 
 
 def test_drift_table_and_curves_carry_the_spread_over_seeds(tmp_path):
-    from ggpo_lightning.report import Run, _mean_curve, drift_table
+    from ggpo_lightning.lab.report import Run, _mean_curve, drift_table
 
     runs = [Run(tmp_path, "ggpo", "sync8", s, 0.5, drift=[(0, d), (1, 3 * d)]) for s, d in enumerate([0.1, 0.2, 0.3])]
     # per-run means 0.2, 0.4, 0.6 -> mean 0.4, sample std 0.2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_lightning.cli import main
+from ggpo_lightning.cli.main import main
 from ggpo_lightning.tasks import SynthMathConfig, generate_synth_splits, write_synth_splits
 from ggpo_lightning.tasks.synth_math import FAMILIES, LEVELS
 from ggpo_verifiers import get_verifier

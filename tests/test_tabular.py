@@ -6,8 +6,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ggpo_lightning import tabular as lab
-from ggpo_lightning.cli import main
+from ggpo_lightning.lab import tabular as lab
+from ggpo_lightning.cli.main import main
 
 
 def random_policy(num_actions: int, gen: torch.Generator) -> torch.Tensor:

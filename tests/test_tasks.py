@@ -12,7 +12,7 @@ import pytest
 
 from ggpo_lightning.tasks import ArithmeticTask, write_splits
 from ggpo_lightning.tasks import arithmetic
-from ggpo_lightning import atomic
+from ggpo_lightning.records import atomic
 
 PROBLEM = re.compile(r"(\d+)([+\-*])(\d+)=")
 

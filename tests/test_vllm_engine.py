@@ -18,11 +18,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ggpo_lightning.eval_cli import eval_command
-from ggpo_lightning.logprobs import pack_sequences, token_logprobs
-from ggpo_lightning.models import load_causal_lm, load_tokenizer
-from ggpo_lightning.rollout import HFGenerateEngine, RolloutConfig, RolloutEngine, SamplingConfig, generate_responses
-from ggpo_lightning.vllm_engine import VLLMEngine, vllm_available
+from ggpo_lightning.cli.eval import eval_command
+from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
+from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
+from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.engine import RolloutEngine
+from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses
+from ggpo_lightning.rollouts.config import vllm_available
+from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
 
 FP32_TOLERANCE = 1e-4
 """Largest |vLLM - learner| token log-prob difference accepted in float32 (different kernels, same math)."""
@@ -277,7 +280,7 @@ def test_ggpo_eval_with_the_vllm_engine_scores_as_the_hf_engine_without_lightnin
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from ggpo_lightning.eval_cli import eval_command\n"
+        "from ggpo_lightning.cli.eval import eval_command\n"
         f"for args in ({greedy_args!r}, {sampled_args!r}):\n"
         "    result = CliRunner().invoke(eval_command, args)\n"
         "    assert result.exit_code == 0, result.output\n"

@@ -16,10 +16,12 @@ import time
 import pytest
 import torch
 
-from ggpo_lightning.models import load_causal_lm, load_tokenizer
-from ggpo_lightning.rollout import RolloutConfig, RolloutEngine, SamplingConfig, generate_responses
-from ggpo_lightning.vllm_engine import VLLMEngine
-from ggpo_lightning.vllm_separate import SeparateVLLMEngine
+from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
+from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.engine import RolloutEngine
+from ggpo_lightning.rollouts.hf_engine import generate_responses
+from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+from ggpo_lightning.rollouts.vllm_separate import SeparateVLLMEngine
 
 from test_vllm_engine import (applied_weights, check_a_sync_is_followed, lm, model_dir,  # noqa: F401 - fixtures
                               prompt_ids)
@@ -37,10 +39,10 @@ def placement_errors(config: RolloutConfig) -> list[str]:
 
 
 def test_the_separate_placement_with_its_device_is_valid_and_async_needs_it():
-    assert placement_errors(vllm_config(vllm_placement="separate", mode="async")) == []
+    assert placement_errors(vllm_config(vllm_placement="separate", schedule="async")) == []
     assert placement_errors(vllm_config(vllm_placement="separate", vllm_devices=[1])) == []
-    [error] = placement_errors(vllm_config(mode="async"))
-    assert "model.rollout.mode: async" in error and "model.rollout.vllm_placement: separate" in error
+    [error] = placement_errors(vllm_config(schedule="async"))
+    assert "model.rollout.schedule: async" in error and "model.rollout.vllm_placement: separate" in error
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -161,8 +163,8 @@ def test_the_child_exits_when_the_trainer_is_killed(model_dir):
     """kill -9 of the parent closes the pipe: the idle child sees it and exits (no vLLM process left behind)."""
     code = (
         "import sys, time, torch\n"
-        "from ggpo_lightning.models import load_tokenizer\n"
-        "from ggpo_lightning.vllm_separate import SeparateVLLMEngine\n"
+        "from ggpo_lightning.models.loading import load_tokenizer\n"
+        "from ggpo_lightning.rollouts.vllm_separate import SeparateVLLMEngine\n"
         f"folder = {str(model_dir)!r}\n"
         "engine = SeparateVLLMEngine(folder, load_tokenizer(folder), torch.float32, layout={},"
         " engine_args={'max_model_len': 64})\n"

@@ -1,6 +1,6 @@
 """``ggpo verifiers ...``: list, try and batch-score answer checkers from the shell.
 
-The group is ``verifiers_group``; ``ggpo_lightning.cli`` mounts it as ``ggpo verifiers``
+The group is ``verifiers_group``; ``ggpo_lightning.cli.main`` mounts it as ``ggpo verifiers``
 and ``python -m ggpo_verifiers`` runs it on its own.
 """
 

@@ -1,7 +1,7 @@
 """A new objective in one file: RLOO (REINFORCE with a leave-one-out baseline).
 
 Importing this module registers it; then ``--model.objective.name rloo`` trains with it
-(e.g. ``python -c "import rloo_objective; from ggpo_lightning.train import run_training;
+(e.g. ``python -c "import rloo_objective; from ggpo_lightning.cli.train import run_training;
 run_training()" --config recipes/quickstart.yaml --model.objective.name rloo``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ggpo_lightning.objectives import Objective, ObjectiveConfig, ObjectiveInputs, register_objective
+from ggpo_lightning.core.objectives import Objective, ObjectiveConfig, ObjectiveInputs, register_objective
 
 
 def rloo_loss(inputs: ObjectiveInputs, config: ObjectiveConfig) -> Tensor:
@@ -25,5 +25,4 @@ def rloo_loss(inputs: ObjectiveInputs, config: ObjectiveConfig) -> Tensor:
     return per_group.mean()
 
 
-register_objective(Objective("rloo", rloo_loss, level="sequence", uses_reference=False, uses_behavior_logp=False,
-                             summary="REINFORCE with a leave-one-out baseline (on-policy)"))
+register_objective(Objective("rloo", rloo_loss, level="sequence"))  # REINFORCE, leave-one-out baseline (on-policy)

@@ -19,7 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ggpo_lightning.atomic import atomic_write_text
+from ggpo_lightning.records.atomic import atomic_write_text
 
 __all__ = ["ArithmeticTask", "write_splits"]
 

@@ -28,7 +28,7 @@ def _die() -> None:
 def _kill_during_save(k: int, fraction: float) -> None:
     import torch
 
-    import ggpo_lightning.checkpoint_io as checkpoint_io
+    import ggpo_lightning.training.checkpoint_io as checkpoint_io
 
     saves = 0
 
@@ -49,7 +49,7 @@ def _kill_during_save(k: int, fraction: float) -> None:
 
 
 def _at_step(k: int, action) -> None:
-    from ggpo_lightning.module import GGPOModule
+    from ggpo_lightning.training.module import GGPOModule
 
     step = GGPOModule.training_step
 
@@ -62,7 +62,7 @@ def _at_step(k: int, action) -> None:
 
 
 def _kill_in_rollout(k: int) -> None:
-    from ggpo_lightning.rollout import GroupRollout
+    from ggpo_lightning.rollouts.group import GroupRollout
 
     calls = 0
     rollout = GroupRollout.__call__
@@ -80,7 +80,7 @@ def _kill_in_rollout(k: int) -> None:
 def _record_batches(path: str) -> None:
     import json
 
-    from ggpo_lightning.data import PromptGroupDataModule
+    from ggpo_lightning.training.data import PromptGroupDataModule
 
     next_batch = PromptGroupDataModule.next_batch
 
@@ -109,7 +109,7 @@ def main() -> None:
         _kill_in_rollout(int(plan["kill_rollout"]))
     if "record_batches" in plan:
         _record_batches(plan["record_batches"])
-    from ggpo_lightning.cli import train_main
+    from ggpo_lightning.cli.main import train_main
 
     sys.argv = ["ggpo-train", *sys.argv[separator + 1:]]
     train_main()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ggpo_lightning.checkpoint import learner_weights, read_checkpoint
+from ggpo_lightning.models.checkpoint import learner_weights, read_checkpoint
 
 HERE = Path(__file__).resolve().parent
 QUICKSTART = HERE.parents[1] / "recipes" / "quickstart.yaml"
@@ -19,7 +19,7 @@ STEPS = 4
 def train_args(run_root: Path, model_dir: Path, data_dir: Path, *extra: str) -> list[str]:
     """A ``ggpo-train`` command line: the quickstart recipe on the tiny model, 4 steps, a checkpoint every step."""
     return ["--config", str(QUICKSTART), "--model.model_name_or_path", str(model_dir), "--tiny_model", "null",
-            "--data.synthetic", "null", "--data.train_path", str(data_dir / "train.jsonl"), "--data.val_path", "null",
+            "--synthetic_data", "null", "--data.train_path", str(data_dir / "train.jsonl"), "--data.val_path", "null",
             "--data.prompts_per_step", "2", "--model.rollout.k", "4", "--model.rollout.sampling.max_new_tokens", "3",
             "--model.verifier_timeout", "10",
             "--trainer.logger.init_args.save_dir", str(run_root), "--trainer.max_steps", str(STEPS),

@@ -8,10 +8,10 @@ import signal
 import pytest
 
 from faultkit import run, run_dir, train_args
-from ggpo_lightning.checkpoint import read_checkpoint
+from ggpo_lightning.models.checkpoint import read_checkpoint
 
 BOUND = 3
-ASYNC = ("--model.rollout.mode", "async", "--model.rollout.max_staleness", str(BOUND))
+ASYNC = ("--model.rollout.schedule", "async", "--model.rollout.max_staleness", str(BOUND))
 
 
 def recorded(path) -> list[dict]:

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from faultkit import STEPS, assert_same_weights, orphans, run, run_dir, train_args, weights
-from ggpo_lightning.checkpoint_io import check_checkpoint
+from ggpo_lightning.training.checkpoint_io import check_checkpoint
 
 
 @pytest.mark.parametrize("name", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
@@ -93,7 +93,7 @@ def test_kill_9_at_20_random_points(tmp_path, tiny_model_dir, fault_data, refere
 
 
 def test_a_finished_run_leaves_the_signal_handlers_as_it_found_them(tmp_path, tiny_model_dir, fault_data):
-    from ggpo_lightning.train import run_training
+    from ggpo_lightning.cli.train import run_training
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--trainer.max_steps", "1"))

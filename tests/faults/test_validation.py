@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from faultkit import run_dir, train_args
-from ggpo_lightning.buffer import BehaviorBuffer
-from ggpo_lightning.checkpoint_io import CheckpointError
-from ggpo_lightning.export import write_folder
-from ggpo_lightning.run_lock import RunDirectoryInUse, lock_run_directory
+from ggpo_lightning.records.buffer import BehaviorBuffer
+from ggpo_lightning.training.checkpoint_io import CheckpointError
+from ggpo_lightning.models.export import write_folder
+from ggpo_lightning.records.run_lock import RunDirectoryInUse, lock_run_directory
 from ggpo_lightning.testing import make_group
-from ggpo_lightning.train import run_training
+from ggpo_lightning.cli.train import run_training
 
 
 @pytest.fixture()
@@ -28,7 +28,7 @@ def no_weights(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("the model's weights were loaded before the error")
 
-    monkeypatch.setattr("ggpo_lightning.module.load_causal_lm", load)
+    monkeypatch.setattr("ggpo_lightning.training.module.load_causal_lm", load)
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -156,7 +156,7 @@ def test_a_checkpoint_without_a_fingerprint_resumes_with_a_warning(tmp_path, tin
     del checkpoint["ggpo"]["fingerprint"]
     checkpoint["ggpo"]["schema"] = 2
     torch.save(checkpoint, tmp_path / "old.ckpt")
-    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.module"):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.training.module"):
         cli = run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--ckpt_path", str(tmp_path / "old.ckpt"),
                                       "--trainer.max_steps", "3"))
     assert cli.trainer.global_step == 3
@@ -177,8 +177,8 @@ def test_an_empty_or_truncated_checkpoint_is_named_and_the_newest_loadable_sugge
 
 
 def test_the_data_fingerprint_tells_a_reordered_or_longer_file_apart(tmp_path, fault_data):
-    from ggpo_lightning.checkpoint import fingerprint_differences, run_fingerprint
-    from ggpo_lightning.data import PromptGroupDataModule
+    from ggpo_lightning.models.checkpoint import fingerprint_differences, run_fingerprint
+    from ggpo_lightning.training.data import PromptGroupDataModule
 
     lines = (fault_data / "train.jsonl").read_text().splitlines(keepends=True)
     variants = {"same": lines, "reordered": lines[::-1], "longer": lines + lines[:1]}

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from faultkit import HERE, run_dir, train_args
-from ggpo_lightning.health import VerifierHealth, VerifierHealthConfig, VerifierHealthError
-from ggpo_lightning.train import run_training
+from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig, VerifierHealthError
+from ggpo_lightning.cli.train import run_training
 
 
 def counts(crashed=0, timeout=0, total=8):
@@ -39,7 +39,7 @@ def test_disabled_health_never_aborts_and_bad_settings_name_the_key():
 def test_a_hang_that_costs_a_large_share_of_the_step_is_warned_about_once(caplog):
     health = VerifierHealth(VerifierHealthConfig(warn_wait_share=0.25, patience=99))
     health._step_start -= 10.0  # the step began 10 s ago
-    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.health"):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.rollouts.health"):
         health.check_step(counts(timeout=2), step=0, verify_seconds=9.0)
         health._step_start -= 10.0
         health.check_step(counts(timeout=2), step=1, verify_seconds=9.0)
@@ -76,7 +76,7 @@ def test_a_verifier_crashing_on_the_starting_evaluation_aborts_before_training(t
 
 def test_a_hanging_verifier_is_warned_about_and_aborts(tmp_path, tiny_model_dir, fault_data, plugins_importable,
                                                         caplog):
-    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.health"):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.rollouts.health"):
         with pytest.raises(VerifierHealthError, match=r"0 crashed, \d+ timed out"):
             run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--model.verifier", "plugins.Hangs",
                                     "--model.verifier_timeout", "0.2", "--model.verifier_health.patience", "1"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from ggpo_lightning.distributed import world
+from ggpo_lightning.core.distributed import world
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -30,9 +30,9 @@ class RankTrace(L.Callback):
         draw = datamodule.next_batch
 
         def traced():
-            groups = draw()
-            self.prompt_ids = [g.prompt_id for g in groups]
-            return groups
+            batch = draw()
+            self.prompt_ids = [g.prompt_id for g in batch.groups]
+            return batch
 
         datamodule.next_batch = traced
 

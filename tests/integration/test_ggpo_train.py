@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from ggpo_lightning.models import load_tokenizer
-from ggpo_lightning.train import run_training
+from ggpo_lightning.models.loading import load_tokenizer
+from ggpo_lightning.cli.train import run_training
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 QUICKSTART = RECIPES / "quickstart.yaml"
@@ -23,7 +23,7 @@ def train(tmp_path: Path, model_dir: Path, *extra: str, recipe: Path = QUICKSTAR
         "--model.rollout.sampling.max_new_tokens", "3",
         "--data.train_path", str(tmp_path / "data" / "train.jsonl"),
         "--data.val_path", str(tmp_path / "data" / "test.jsonl"),
-        "--data.synthetic.n_train", "64", "--data.synthetic.n_test", "16",
+        "--synthetic_data.n_train", "64", "--synthetic_data.n_test", "16",
         "--data.prompts_per_step", "4",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
         "--trainer.val_check_interval", "2",

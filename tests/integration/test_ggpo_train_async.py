@@ -1,4 +1,4 @@
-"""End to end: ``ggpo-train`` with ``model.rollout.mode: async`` (the producer thread; the HF engine, and the separate
+"""End to end: ``ggpo-train`` with ``model.rollout.schedule: async`` (the producer thread; the HF engine, and the separate
 vLLM engine in the ``vllm``-marked tests)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_lightning.train import run_training
+from ggpo_lightning.cli.train import run_training
 
 from test_ggpo_train import QUICKSTART, RECIPES, train
 
@@ -23,7 +23,7 @@ def test_an_async_run_trains_within_the_staleness_bound_and_logs_its_waits(tmp_p
                                                                           max_staleness):
     bound = sync_every if max_staleness is None else max_staleness
     extra = [] if max_staleness is None else ["--model.rollout.max_staleness", str(max_staleness)]
-    cli = train(tmp_path, tiny_model_dir, "--trainer.max_steps", "6", "--model.rollout.mode", "async",
+    cli = train(tmp_path, tiny_model_dir, "--trainer.max_steps", "6", "--model.rollout.schedule", "async",
                 "--model.rollout.sync_every", str(sync_every), *extra)
     run_dir = Path(cli.trainer.log_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -38,20 +38,20 @@ def test_an_async_run_trains_within_the_staleness_bound_and_logs_its_waits(tmp_p
         assert float(row["train/rollout_wait_seconds"]) >= 0 and float(row["train/async_queue"]) <= bound + 1
         assert float(row["train/verifier/total"]) == 4 * 8  # the verifier's counts of the step's own batch
     assert max(float(r["train/staleness_max"]) for r in rows) >= 1  # the producer did generate ahead
-    assert not cli.model.producer.running  # stopped before the final evaluation
+    assert not cli.model.source.producer.running  # stopped before the final evaluation
 
 
 @pytest.mark.parametrize("field,value,match", [
     ("--model.rollout.max_staleness", "-1", "model.rollout.max_staleness must be >= 0"),
-    ("--data.mode", "offline", "model.rollout.mode: async needs data.mode: online"),
-    ("--trainer.devices", "2", "model.rollout.mode: async runs on one process"),
+    ("--data.mode", "offline", "model.rollout.schedule: async needs data.mode: online"),
+    ("--trainer.devices", "2", "model.rollout.schedule: async runs on one process"),
     ("--model.rollout.engine", "vllm", "async with model.rollout.engine: vllm needs model.rollout.vllm_placement: "
                                        "separate"),
 ])
 def test_bad_async_settings_fail_before_the_model_loads(tmp_path, tiny_model_dir, field, value, match):
     with pytest.raises(ValueError, match=match):
         run_training(["--config", str(QUICKSTART), "--model.model_name_or_path", str(tmp_path / "missing"),
-                      "--tiny_model", "null", "--model.rollout.mode", "async", field, value])
+                      "--tiny_model", "null", "--model.rollout.schedule", "async", field, value])
     assert not (tmp_path / "missing").exists()
 
 
@@ -68,7 +68,7 @@ def test_the_async_quickstart_learns(tmp_path, monkeypatch):
 @pytest.mark.vllm
 def test_an_async_run_with_the_separate_vllm_engine_trains_within_the_bound(tmp_path, wide_tiny_model_dir):
     """The producer thread waits on vLLM in its own process; versions and staleness as with the HF engine."""
-    cli = train(tmp_path, wide_tiny_model_dir, "--trainer.max_steps", "4", "--model.rollout.mode", "async",
+    cli = train(tmp_path, wide_tiny_model_dir, "--trainer.max_steps", "4", "--model.rollout.schedule", "async",
                 "--model.rollout.engine", "vllm", "--model.rollout.vllm_placement", "separate",
                 "--model.rollout.sync_every", "2")
     run_dir = Path(cli.trainer.log_dir)

@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ggpo_lightning.buffer import BehaviorBuffer
-from ggpo_lightning.evaluation import load_model
-from ggpo_lightning.models import load_tokenizer
+from ggpo_lightning.records.buffer import BehaviorBuffer
+from ggpo_lightning.evaluation.accuracy import load_model
+from ggpo_lightning.models.loading import load_tokenizer
 from ggpo_lightning.testing import make_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,12 +73,12 @@ def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
     env.pop("PL_GLOBAL_SEED", None)
     command = [
-        sys.executable, "-m", "ggpo_lightning.train", *args, "--config", str(callbacks),
+        sys.executable, "-m", "ggpo_lightning.cli.train", *args, "--config", str(callbacks),
         "--model.model_name_or_path", str(w.model), "--tiny_model", "null",
         "--model.rollout.sync_every", str(SYNC_EVERY), "--model.ref_refresh_every", str(REFRESH_EVERY),
         "--model.eval.max_new_tokens", "3",
         "--data.train_path", str(w.data / "train.jsonl"), "--data.val_path", str(w.data / "test.jsonl"),
-        "--data.synthetic", "null", "--data.val_size", "8",
+        "--synthetic_data", "null", "--data.val_size", "8",
         "--data.mode", "offline", "--data.buffer_path", str(w.root / "buffer.jsonl"), "--data.buffer_draw", "fifo",
         "--data.prompts_per_step", str(PROMPTS),
         "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
@@ -117,9 +117,22 @@ def single(workload) -> Path:
     return train(workload, "single", *SINGLE)
 
 
+@pytest.fixture(scope="module")
+def two_process_run(workload):
+    """The two-process run of a strategy, trained once per module whichever test asks first."""
+    runs: dict[str, Path] = {}
+
+    def run(strategy: str) -> Path:
+        if strategy not in runs:
+            runs[strategy] = train(workload, strategy, *(FSDP if strategy == "fsdp" else DDP))
+        return runs[strategy]
+
+    return run
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_two_processes_train_as_one_on_the_same_groups(workload, single, strategy):
-    run = train(workload, strategy, *(FSDP if strategy == "fsdp" else DDP))
+def test_two_processes_train_as_one_on_the_same_groups(workload, single, two_process_run, strategy):
+    run = two_process_run(strategy)
     one, two = trace(single), trace(run)
     assert sorted(two) == [0, 1]
 
@@ -179,15 +192,13 @@ def test_lora_with_ddp_keeps_replicas_identical_through_refreshes(workload):
 
 
 @pytest.mark.parametrize("strategy,resume_on,step", [("fsdp", 2, 3), ("fsdp", 1, 2), ("ddp", 2, 3)])
-def test_a_checkpoint_from_two_processes_resumes(workload, strategy, resume_on, step):
+def test_a_checkpoint_from_two_processes_resumes(workload, two_process_run, strategy, resume_on, step):
     """Resumed at ``step``, the run ends where the uninterrupted one did (FSDP: also on 1 process).
 
     At step 3 the engine was synced at that step (sync every 3): the checkpoint leaves its
     weights out and the resumed ranks rebuild them from the learner; at step 2 it holds them.
     """
-    uninterrupted = workload.root / strategy / "run" / "version_0"
-    if not uninterrupted.exists():
-        pytest.skip("runs after test_two_processes_train_as_one_on_the_same_groups")
+    uninterrupted = two_process_run(strategy)
     args = FSDP if strategy == "fsdp" else DDP
     if resume_on == 1:
         args = [*args, "--trainer.devices", "1", "--trainer.strategy.data_parallel_size", "1"]

@@ -1,0 +1,157 @@
+"""``ggpo eval``: accuracy, avg@k and pass@k of a model on JSONL/Parquet benchmarks.
+
+The logic lives in :mod:`ggpo_lightning.evaluation.accuracy`; torch and transformers are
+imported inside the command, so ``ggpo --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ggpo_verifiers.cli import VERIFIER_HELP, build_verifier
+
+__all__ = ["EVAL_VLLM_ARGS", "eval_command", "format_table"]
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a text table: one row per benchmark, then the ``average`` row."""
+    k = report["settings"]["k"]
+    rows = [(b["name"], b) for b in report["benchmarks"]] + [("average", report["average"])]
+    width = max(len("benchmark"), *(len(name) for name, _ in rows))
+    lines = [f"{'benchmark':<{width}}  {'problems':>8}  {'accuracy':>8}  {f'avg@{k}':>8}  {f'pass@{k}':>8}"]
+    for name, r in rows:
+        lines.append(f"{name:<{width}}  {r['problems']:>8}  {100 * r['accuracy']:>7.1f}%  "
+                     f"{100 * r['avg@k']:>7.1f}%  {100 * r['pass@k']:>7.1f}%")
+    return "\n".join(lines)
+
+
+EVAL_VLLM_ARGS = {"gpu_memory_utilization": 0.9, "enable_sleep_mode": False}
+"""``ggpo eval``'s defaults for the vLLM engine: it has the device to itself (the training defaults leave room
+for a learner, and sleep between rollouts); ``--vllm-args`` overrides them."""
+
+
+def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> dict[str, Any] | None:
+    """The vLLM engine's ``LLM`` arguments for ``--engine vllm`` (None for hf); ValueError naming the flag."""
+    if engine == "hf":
+        if vllm_args is not None:
+            raise ValueError("--vllm-args is for --engine vllm")
+        return None
+    from ggpo_lightning.rollouts.config import VLLM_INSTALL_HINT, vllm_available
+
+    if not vllm_available():
+        raise ValueError(f"--engine vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+    if device is not None:
+        raise ValueError("--device is for --engine hf: vLLM places the model on its platform's device "
+                         "(choose GPUs with CUDA_VISIBLE_DEVICES)")
+    try:
+        parsed = json.loads(vllm_args or "{}")
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--vllm-args must be a JSON object of vllm.LLM arguments, e.g. "
+                         f"'{{\"max_model_len\": 4096}}'; got {vllm_args!r}")
+    return {**EVAL_VLLM_ARGS, **parsed}
+
+
+@click.command("eval")
+@click.argument("model_source", metavar="MODEL")
+@click.argument("benchmarks", metavar="BENCH...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--verifier", "-v", default="math", show_default=True, help=VERIFIER_HELP)
+@click.option("--k", type=click.IntRange(min=1), default=1, show_default=True, help="Responses per problem.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0 = greedy (needs --k 1).")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences per generate call.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampling RNG (per benchmark).")
+@click.option("--template", default="{prompt}", show_default=True,
+              help="Python format string of the prompt; {prompt} is the problem text.")
+@click.option("--chat-template/--no-chat-template", default=False, show_default=True,
+              help="Wrap each prompt as a user turn of the tokenizer's chat template.")
+@click.option("--prompt-field", default=None, help="Record field of the problem (default: problem, question "
+              "or prompt, the first present).")
+@click.option("--answer-field", default=None, help="Record field of the gold answer (default: answer, else the "
+              "last \\boxed{} of solution).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N problems of each file.")
+@click.option("--base-model", default=None,
+              help="For a .ckpt MODEL: the run's model.model_name_or_path (architecture and tokenizer).")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu; --engine hf).")
+@click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
+              help="What samples: hf (transformers generate) or vllm (a vLLM engine holding the model; needs vLLM, "
+                   "see the README).")
+@click.option("--vllm-args", default=None, help="For --engine vllm: a JSON object of more vllm.LLM arguments, e.g. "
+              "'{\"max_model_len\": 4096, \"gpu_memory_utilization\": 0.5}' (one device: the engine runs in this "
+              "process).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the results, with per-problem counts, to this JSON file.")
+def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str, k: int, temperature: float,
+                 top_p: float, max_new_tokens: int, batch_size: int, seed: int, template: str, chat_template: bool,
+                 prompt_field: str | None, answer_field: str | None, limit: int | None, base_model: str | None,
+                 device: str | None, engine: str, vllm_args: str | None, json_path: Path | None) -> None:
+    """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
+
+    MODEL is a model folder or hub id, a ggpo-train run directory (its final_model/), or
+    a run's .ckpt (with --base-model). Prints accuracy (pass@1), avg@k and pass@k per
+    benchmark and their unweighted mean over the benchmarks (the average row's problems
+    is the total).
+    """
+    import torch
+
+    from ggpo_lightning.evaluation import accuracy as evaluation
+    from ggpo_lightning.records.prompts import validate_golds
+
+    try:
+        evaluation.check_settings(k, temperature, top_p, template)
+        engine_args = _vllm_settings(engine, vllm_args, device)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        problems = [(path, evaluation.load_benchmark(path, prompt_field, answer_field, limit)) for path in benchmarks]
+    except (ValueError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with build_verifier(verifier, timeout=5.0, workers=None) as checker:
+        try:
+            for _, rows in problems:
+                validate_golds(rows, checker)
+            model, tokenizer = evaluation.load_model(model_source, base_model)
+            if engine_args is None:
+                sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            else:
+                from ggpo_lightning.rollouts.engines import eval_engine
+
+                sampler = eval_engine(model, tokenizer, engine_args)
+                del model  # the engine holds its own copy
+        except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
+            raise click.ClickException(str(exc)) from None
+        entries = []
+        for path, rows in problems:
+            click.echo(f"{path.stem}: {len(rows)} problems x {k} responses ...", err=True)
+            try:
+                result = evaluation.evaluate_model(
+                    sampler, tokenizer, rows, checker, k=k, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, template=template,
+                    chat_template=chat_template)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from None
+            entries.append({"name": path.stem, "path": str(path), **result.to_dict()})
+    average = {metric: sum(e[metric] for e in entries) / len(entries) for metric in ("accuracy", "avg@k", "pass@k")}
+    report = {
+        "model": model_source, "base_model": base_model,
+        "settings": {"engine": engine, "verifier": verifier, "k": k, "temperature": temperature, "top_p": top_p,
+                     "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "template": template,
+                     "chat_template": chat_template, "limit": limit},
+        "benchmarks": entries,
+        "average": {"problems": sum(e["problems"] for e in entries), **average},
+    }
+    click.echo(format_table(report))
+    if json_path is not None:
+        from ggpo_lightning.records.atomic import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(report, indent=2) + "\n")
+        click.echo(f"results written to {json_path}")

@@ -1,0 +1,167 @@
+"""Command-line entry points: ``ggpo`` (a click group of tools).
+
+Heavy modules (torch, transformers, lightning) are imported inside the commands, so
+``ggpo --help`` and ``ggpo verifiers ...`` start fast and work without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from ggpo_verifiers.cli import verifiers_group
+
+from ggpo_lightning.cli.data import data_group
+from ggpo_lightning.cli.eval import eval_command
+from ggpo_lightning.cli.experiments import report_command, sweep_command
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ggpo_lightning.lab.tabular import FiniteProblem
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ggpo-lightning")
+def main() -> None:
+    """ggpo-lightning tools: the tabular lab, verifiers, and more."""
+
+
+main.add_command(verifiers_group, "verifiers")
+main.add_command(data_group, "data")
+main.add_command(eval_command, "eval")
+main.add_command(sweep_command, "sweep")
+main.add_command(report_command, "report")
+
+
+def _csv(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise click.BadParameter("give at least one name", ctx=ctx, param=param)
+    return items
+
+
+def _floats(ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
+    try:
+        items = [float(v) for v in _csv(ctx, param, value)]
+    except ValueError:
+        raise click.BadParameter(f"give comma-separated numbers, got {value!r}", ctx=ctx, param=param) from None
+    bad = [v for v in items if not (math.isfinite(v) and v >= 0)]
+    if bad:
+        raise click.BadParameter(f"every lambda must be a finite number >= 0, got {bad}", ctx=ctx, param=param)
+    return items
+
+
+@main.command()
+@click.option("--objectives", default="ggpo,agro,maxrl,grpo,naive_pg", show_default=True, callback=_csv,
+              help="Comma-separated objectives: registered ones plus the lab's naive_pg.")
+@click.option("--mode", type=click.Choice(["offline", "online", "stale"]), default="offline", show_default=True,
+              help="offline: one fixed sample of mu; online: fresh samples of pi; stale: of a snapshot.")
+@click.option("--policy", type=click.Choice(["tabular", "lowrank"]), default="tabular", show_default=True,
+              help="tabular: free logits; lowrank: log pi_ref + U[p].V[a], shared by all prompts "
+                   "(the problem is then lab.lowrank_problem, with mu = pi_ref).")
+@click.option("--prompts", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of prompts (lowrank policy; the tabular problem has one).")
+@click.option("--rank", type=click.IntRange(min=1), default=4, show_default=True, help="Rank of the lowrank policy.")
+@click.option("--actions", type=click.IntRange(min=2), default=6, show_default=True)
+@click.option("--groups", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Groups per batch (group g belongs to prompt g mod --prompts).")
+@click.option("--k", type=click.IntRange(min=2), default=8, show_default=True, help="Responses per group.")
+@click.option("--beta", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True)
+@click.option("--steps", type=click.IntRange(min=0), default=1500, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True)
+@click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
+              help="stale mode: refresh the behavior snapshot every N steps.")
+@click.option("--anchor", default="0", show_default=True, callback=_floats,
+              help="Comma-separated lambdas of the behavior anchor lambda*mean(-log pi(y_i)); every objective "
+                   "runs once per lambda.")
+@click.option("--logratio-bound", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop the gradient of a sample once |log pi(y) - log mu(y)| exceeds this.")
+@click.option("--log-every", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Save a PNG plot here (needs matplotlib).")
+def tabular(objectives: list[str], mode: str, policy: str, prompts: int, rank: int, actions: int, groups: int, k: int,
+            beta: float, steps: int, lr: float, sync_every: int, anchor: list[float], logratio_bound: float | None,
+            log_every: int, seed: int, plot: str | None) -> None:
+    """Train policies on an exact finite-action problem.
+
+    Prints, per objective (and anchor lambda), KL(pi || pi*), the suboptimality J* - J(pi),
+    the mean reward and KL(mu || pi) to the current behavior over steps, where pi* is the
+    Gibbs policy (the KL-regularized optimum); then each run's final values and its drift
+    KL(mu || pi) at the end of each sync window (mean and max over windows).
+    """
+    import torch
+
+    from ggpo_lightning.lab import tabular as lab
+
+    known = lab.available_objectives() + list(lab.LAB_ONLY_OBJECTIVES)
+    unknown = [o for o in objectives if o not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown {unknown}; available: {', '.join(known)}", param_hint="--objectives")
+    if policy == "tabular" and prompts != 1:
+        raise click.BadParameter("the tabular problem has one prompt; use --policy lowrank for several",
+                                 param_hint="--prompts")
+    if groups < prompts:
+        raise click.BadParameter(f"every prompt needs a group: {groups} < --prompts {prompts}", param_hint="--groups")
+    gen = torch.Generator().manual_seed(seed)
+    if policy == "lowrank":
+        problem = lab.lowrank_problem(prompts, actions, beta, gen, rank=rank)
+    else:
+        problem = lab.random_problem(actions, beta, gen)
+    _echo_problem(problem, lab.gibbs_logp(problem.ref_logp, problem.rewards, beta), mode, groups, k, seed)
+    runs = []
+    for name in objectives:
+        for lam in anchor:
+            # record densely for the plot, print every --log-every steps
+            run = lab.train_tabular(problem, name, mode=mode, steps=steps, groups=groups, k=k, lr=lr,
+                                    sync_every=sync_every, log_every=math.gcd(log_every, max(1, steps // 100)),
+                                    seed=seed, policy=policy, rank=rank, anchor=lam, logratio_bound=logratio_bound)
+            run.objective = name if len(anchor) == 1 and lam == 0 else f"{name}+anchor{lam:g}"
+            runs.append(run)
+            click.echo(f"\n{run.objective}: step, KL(pi || pi*), J* - J(pi), reward, KL(mu || pi)")
+            for s, kl, gap, rew, drift in zip(run.steps, run.kl_to_optimum, run.suboptimality, run.reward,
+                                              run.behavior_kl):
+                if s % log_every == 0 or s == steps:
+                    click.echo(f"  {s:6d}  {kl:10.3e}  {gap:10.3e}  {rew:6.3f}  {drift:10.3e}")
+    click.echo("\nfinal KL(pi || pi*): " + ", ".join(f"{r.objective}={r.kl_to_optimum[-1]:.2e}" for r in runs))
+    click.echo("final reward: " + ", ".join(f"{r.objective}={r.reward[-1]:.3f}" for r in runs))
+    if mode != "offline":
+        click.echo("drift KL(mu || pi) at window ends, mean/max: " + ", ".join(
+            f"{r.objective}={sum(r.window_drift) / max(1, len(r.window_drift)):.3f}/"
+            f"{max(r.window_drift, default=0):.3f}" for r in runs))
+    if plot:
+        lab.plot_runs(runs, plot, f"tabular lab: {prompts} x {actions} actions, beta={beta}, {mode}")
+        click.echo(f"plot saved to {plot}")
+
+
+def _echo_problem(problem: FiniteProblem, target: Tensor, mode: str, groups: int, k: int, seed: int) -> None:
+    """Print the problem: each distribution for one prompt, or the success rates for several."""
+    click.echo(f"problem: {problem.num_prompts} prompt(s) x {problem.num_actions} actions, beta={problem.beta}, "
+               f"mode={mode}, {groups} groups x K={k}, seed={seed}")
+    if problem.num_prompts > 1:
+        for name, logp in (("pi_ref", problem.ref_logp), ("mu", problem.mu_logp), ("pi*", target)):
+            click.echo(f"  mean reward of {name:6s} {(logp.exp() * problem.rewards).sum(-1).mean().item():.3f}")
+        return
+    for name, values in (("rewards", problem.rewards), ("pi_ref", problem.ref_logp.exp()),
+                         ("mu", problem.mu_logp.exp()), ("pi*", target.exp())):
+        click.echo(f"  {name:8s} " + " ".join(f"{v:.3f}" for v in values.tolist()))
+
+
+def train_main(args: list[str] | None = None) -> None:
+    """``ggpo-train --config recipes/NAME.yaml [--model.objective.beta 0.05 ...]``: one training run.
+
+    A LightningCLI over :class:`~ggpo_lightning.training.module.GGPOModule` and
+    :class:`~ggpo_lightning.training.data.PromptGroupDataModule`; ``--print_config`` prints the
+    resolved recipe, ``--ckpt_path`` resumes a run.
+    """
+    from ggpo_lightning.rollouts.health import RunAborted
+    from ggpo_lightning.cli.train import exit_code, run_training
+
+    try:
+        run_training(args)
+    except RunAborted as stop:  # the checkpoint and summary.json are saved (RunGuard); no traceback
+        print(f"ggpo-train: {stop.status}: {stop}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(stop))

@@ -1,0 +1,179 @@
+"""The ``ggpo-train`` LightningCLI: recipe in, trained model and ``summary.json`` out."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from ggpo_lightning.records.atomic import remove_orphans
+from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
+from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
+from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.training.module import GGPOModule
+from ggpo_lightning.training.preflight import check_run
+from ggpo_lightning.cli.recipe_keys import check_renamed_keys
+from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
+from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
+from ggpo_lightning.tasks.tiny_model import TinyModelConfig
+
+__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "lock_logger_directory", "run_training"]
+
+TRAINER_DEFAULTS = {
+    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+    "log_every_n_steps": 1,
+    "num_sanity_val_steps": 0,
+    "check_val_every_n_epoch": None,  # one endless epoch: validate every val_check_interval steps
+    "val_check_interval": 100,
+    "max_steps": 100,
+}
+
+
+class GGPOTrainCLI(LightningCLI):
+    """LightningCLI with the run's summary, step-based checkpoints and :class:`~ggpo_lightning.training.callbacks.RunGuard`
+    always attached, atomic checkpoint files (:class:`~ggpo_lightning.training.checkpoint_io.AtomicCheckpointIO`), the
+    recipe and data checked before any weights load (:mod:`~ggpo_lightning.training.preflight`) and the run directory
+    locked (:mod:`~ggpo_lightning.records.run_lock`)."""
+
+    run_lock = None
+    """The open lock file of the run directory (held until the process exits)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
+        parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
+        parser.add_argument("--resume_mismatch_ok", type=bool, default=False,
+                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, "
+                                 "prompts_per_step, model) or training data differ from this run's, with a warning "
+                                 "instead of an error.")
+        parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
+                            help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
+                                 "synthetic_data.task) at model.model_name_or_path when that folder does not exist: "
+                                 "CPU runs and tests without downloads.")
+        parser.add_argument("--synthetic_data", type=SyntheticDataConfig | None, default=None,
+                            help="Generate the synthetic arithmetic task into the folder of data.train_path when "
+                                 "that file does not exist (the quickstart's data).")
+
+    def before_instantiate_classes(self) -> None:
+        check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
+        build_quickstart_inputs(self.config)  # before the data and model.model_name_or_path are read
+        check_run(self.config.as_dict(), self.config.get("ckpt_path"))
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+            self.run_lock = lock_logger_directory(self.config["trainer"])
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            if self.run_lock is not None:  # nothing was written: leave no empty run directory behind
+                release_run_directory(self.run_lock)
+            raise
+
+    def instantiate_trainer(self, **kwargs: Any):
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(RunGuard())
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's plugin stays
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
+            trainer.strategy.__class__ = AtomicModelParallelStrategy
+        return trainer
+
+
+def lock_logger_directory(trainer_config: Any):
+    """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`)
+    and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
+
+    None (no lock) when the logger is off or does not take a ``version`` (``save_dir/name/version`` loggers do:
+    CSV, TensorBoard). Also removes what killed earlier runs left half-written in the sibling run directories
+    and their ``checkpoints/`` (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
+    from lightning.pytorch.cli import instantiate_class
+
+    logger = trainer_config.get("logger")
+    if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
+        return None
+    instance = instantiate_class((), logger.as_dict())
+    run_dir = Path(instance.log_dir)
+    handle = lock_run_directory(run_dir)
+    logger["init_args"]["version"] = instance.version
+    for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
+        remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
+    return handle
+
+
+def check_devices(accelerator: Any, devices: Any) -> None:
+    """A recipe asking for more GPUs (or CPU processes) than this machine has fails here, naming the setting.
+
+    Lightning would fail later, inside the processes it starts, or oversubscribe the CPU.
+    """
+    try:
+        requested = int(devices)
+    except (TypeError, ValueError):
+        return  # "auto", a list of device ids: Lightning resolves and checks those
+    name = str(accelerator).lower()
+    if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
+        available, kind = torch.cuda.device_count(), "GPU(s)"
+    elif name == "cpu":
+        available, kind = os.cpu_count() or 1, "CPU cores (one process each)"
+    else:
+        return
+    if requested <= available:
+        return
+    fix = (f"set --trainer.devices {available} (data.prompts_per_step stays the whole step's prompts)" if available
+           else "set --trainer.accelerator cpu")
+    raise ValueError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
+                     "or run on a machine with more")
+
+
+def _recipe_name(config_paths: list) -> str | None:
+    """``quickstart`` for one config; ``qwen3-1.7b-math+grpo`` for a base recipe plus an overlay."""
+    # a saved configuration migrated by check_renamed_keys arrives as YAML text, not a path: no name
+    return "+".join(Path(str(p)).stem for p in config_paths if "\n" not in str(p)) or None
+
+
+# Lightning warnings that describe this trainer's design, not a user's mistake: the
+# frozen reference is in eval mode on purpose; the dataloader_iter step is what keeps
+# rollouts from being prefetched ahead of the weight sync; a sharded ``last.ckpt`` folder is
+# rewritten on purpose at every save.
+_EXPECTED_WARNINGS = (r".*module\(s\) in eval mode.*", r".*dataloader_iter.*", r".*Detected an existing checkpoint.*")
+
+
+def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
+    """Parse a recipe (and overrides), train, and return the CLI (its ``trainer``, ``model``, ...)."""
+    for pattern in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    args = check_renamed_keys(sys.argv[1:] if args is None else args)
+    cli = GGPOTrainCLI(
+        GGPOModule,
+        PromptGroupDataModule,
+        run=False,
+        auto_configure_optimizers=False,  # the module's optimizer covers the learner only
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults=TRAINER_DEFAULTS,
+        args=args,
+    )
+    summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
+    summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
+    cli.model.resume_mismatch_ok = cli.config.get("resume_mismatch_ok", False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    return cli
+
+
+def exit_code(error: RunAborted) -> int:
+    """``ggpo-train``'s exit status for a run stopped early: 128 + the signal number for a signal (as a shell
+    reports it), else 1."""
+    return 128 + error.signum if isinstance(error, RunInterrupted) else 1
+
+
+if __name__ == "__main__":
+    run_training()

@@ -1,0 +1,223 @@
+"""Reports over finished runs: final held-out accuracy per objective x setting, and learning curves.
+
+A run is a directory with ``metrics.csv`` (Lightning's CSV logger) and, once finished,
+``summary.json``. Its labels come from ``grid_run.json`` (written by ``ggpo sweep``):
+``objective``, ``setting`` and ``seed``; a run made by hand falls back to the summary's
+objective and recipe. Final accuracy is the summary's ``accuracy_after``; a run
+without ``summary.json`` is unfinished: read, but left out of tables and plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggpo_lightning.records.atomic import atomic_write_bytes
+from ggpo_lightning.lab.sweep import RUN_LABELS
+
+__all__ = ["Run", "collect_runs", "drift_table", "markdown_table", "plot_curves"]
+
+OBJECTIVE_ORDER = ("ggpo", "ggpo_anchor", "agro", "grpo", "maxrl")
+
+
+@dataclass
+class Run:
+    """One run's labels, final accuracy and curves (lists of ``(x, y)``)."""
+
+    path: Path
+    objective: str
+    setting: str
+    seed: int | None
+    final_accuracy: float | None
+    """``accuracy_after`` of ``summary.json``; None while the run is unfinished."""
+    accuracy: list[tuple[int, float]] = field(default_factory=list)
+    """``(optimizer step, val/accuracy)``."""
+    accuracy_by_samples: list[tuple[float, float]] = field(default_factory=list)
+    """``(generated samples so far, val/accuracy)``."""
+    reward: list[tuple[int, float]] = field(default_factory=list)
+    """``(optimizer step, train/reward)``."""
+    drift: list[tuple[int, float]] = field(default_factory=list)
+    """``(optimizer step, train/kl_behavior_k1)``: KL(mu || pi) on the step's behavior samples."""
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value not in (None, "") else None
+
+
+def _read_run(path: Path) -> Run:
+    metrics = path / "metrics.csv"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{path}: no metrics.csv (not a ggpo-train run directory, or it never logged)")
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    labels = json.loads((path / RUN_LABELS).read_text()) if (path / RUN_LABELS).is_file() else {}
+    with open(metrics, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    accuracy, reward, by_samples, drift = [], [], [], []
+    samples = 0.0
+    for row in rows:
+        step = int(row["step"])
+        samples = _float(row.get("train/generated_samples")) or samples
+        if (r := _float(row.get("train/reward"))) is not None:
+            reward.append((step, r))
+        if (d := _float(row.get("train/kl_behavior_k1"))) is not None:
+            drift.append((step, d))
+        if (a := _float(row.get("val/accuracy"))) is not None:
+            accuracy.append((step + 1, a))  # logged after the update of `step`: step + 1 updates done
+            by_samples.append((samples, a))
+    if summary.get("accuracy_before") is not None:
+        accuracy.insert(0, (0, summary["accuracy_before"]))
+        by_samples.insert(0, (0.0, summary["accuracy_before"]))
+    final = summary.get("accuracy_after")
+    steps = summary.get("optimizer_steps")
+    if final is not None and steps is not None and (not accuracy or accuracy[-1][0] < steps):
+        accuracy.append((steps, final))  # measured at the end of fit, not logged to metrics.csv
+        by_samples.append((float(summary.get("generated_samples") or samples), final))
+    return Run(
+        path=path,
+        objective=str(labels.get("objective") or summary.get("objective") or "?"),
+        setting=str(labels.get("setting") or summary.get("recipe") or path.name),
+        seed=labels.get("seed"),
+        final_accuracy=final,
+        accuracy=accuracy,
+        accuracy_by_samples=by_samples,
+        reward=reward,
+        drift=drift,
+    )
+
+
+def collect_runs(paths: list[str | os.PathLike]) -> tuple[list[Run], list[str]]:
+    """Runs under ``paths`` (run directories, or folders searched for them) and one error
+    line per directory that could not be read; one bad run never hides the others."""
+    runs, errors = [], []
+    for root in map(Path, paths):
+        if not root.exists():
+            errors.append(f"{root}: does not exist")
+            continue
+        candidates = {p.parent for p in root.rglob("metrics.csv")} | {p.parent for p in root.rglob(RUN_LABELS)}
+        if (root / "metrics.csv").exists() or (root / RUN_LABELS).exists() or not candidates:
+            candidates.add(root)
+        for path in sorted(candidates):
+            try:
+                runs.append(_read_run(path))
+            except (OSError, ValueError, KeyError) as exc:
+                errors.append(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+    return runs, errors
+
+
+def _ordered(values: set[str], preferred: tuple[str, ...] = ()) -> list[str]:
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * mean:.1f} ± {100 * std:.1f} (n={len(values)})"
+
+
+def _table(runs: list[Run], settings_order: list[str] | None, value, cell) -> str:
+    objectives = _ordered({r.objective for r in runs}, OBJECTIVE_ORDER)
+    settings = settings_order or _ordered({r.setting for r in runs})
+    lines = ["| objective | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
+    for objective in objectives:
+        cells = [cell([v for r in runs if r.objective == objective and r.setting == s
+                       and (v := value(r)) is not None]) for s in settings]
+        lines.append(f"| {objective} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
+    """Final held-out accuracy in percent, mean ± sample std over seeds; objectives x settings."""
+    return _table(runs, settings_order, lambda r: r.final_accuracy, _mean_std)
+
+
+def drift_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
+    """KL(mu || pi) in nats (``train/kl_behavior_k1``) averaged over each run's steps, mean ± sample std over
+    seeds; objectives x settings ("–" for runs that logged no drift)."""
+    def cell(values: list[float]) -> str:
+        if not values:
+            return "–"
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.3f} ± {std:.3f}"
+
+    return _table(runs, settings_order, lambda r: statistics.fmean(d for _, d in r.drift) if r.drift else None, cell)
+
+
+def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float]]:
+    """Mean and sample std over seeds at the x values all curves share (runs of one cell log at the same
+    steps); std 0 for a single curve."""
+    shared = set.intersection(*(set(x for x, _ in c) for c in curves)) if curves else set()
+    xs = sorted(shared)
+    values = [[dict(c)[x] for c in curves] for x in xs]
+    return xs, [statistics.fmean(v) for v in values], [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+
+
+def _smooth(points: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    out = []
+    for i in range(len(points)):
+        chunk = points[max(0, i - window + 1):i + 1]
+        out.append((points[i][0], statistics.fmean(y for _, y in chunk)))
+    return out
+
+
+def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: list[str] | None = None,
+                reward_window: int = 25) -> list[Path]:
+    """Four PNGs, one panel per setting and one line per objective (mean over seeds, a band of ± one std):
+    held-out accuracy vs optimizer steps, vs generated samples, training reward vs steps and
+    the drift KL(mu || pi) vs steps (both moving averages over ``reward_window`` steps).
+    Written atomically."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # optional extra
+        raise RuntimeError("plots need matplotlib: pip install 'ggpo-lightning[plot]'") from exc
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    objectives = _ordered({r.objective for r in runs}, OBJECTIVE_ORDER)
+    settings = settings_order or _ordered({r.setting for r in runs})
+    figures = {
+        "accuracy_vs_steps.png": ("accuracy", "optimizer steps", "held-out accuracy"),
+        "accuracy_vs_samples.png": ("accuracy_by_samples", "generated samples", "held-out accuracy"),
+        "reward_vs_steps.png": ("reward", "optimizer steps", f"train reward ({reward_window}-step mean)"),
+        "drift_vs_steps.png": ("drift", "optimizer steps", f"KL(mu || pi), nats ({reward_window}-step mean)"),
+    }
+    # one colour per objective in every panel (the default cycle restarts per panel and repeats after 10)
+    palette = plt.get_cmap("tab10" if len(objectives) <= 10 else "tab20")
+    colors = {objective: palette(i) for i, objective in enumerate(objectives)}
+    written = []
+    cols = min(len(settings), 3)
+    rows = math.ceil(len(settings) / cols)
+    for filename, (attr, xlabel, ylabel) in figures.items():
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False,
+                                 sharey=attr != "drift")
+        for ax, setting in zip(axes.flat, settings):
+            for objective in objectives:
+                curves = [getattr(r, attr) for r in runs if r.setting == setting and r.objective == objective]
+                curves = [(_smooth(c, reward_window) if attr in ("reward", "drift") else c) for c in curves if c]
+                if curves:
+                    xs, ys, spread = _mean_curve(curves)
+                    ax.plot(xs, ys, color=colors[objective], label=f"{objective} (n={len(curves)})")
+                    ax.fill_between(xs, [y - s for y, s in zip(ys, spread)], [y + s for y, s in zip(ys, spread)],
+                                    color=colors[objective], alpha=0.15, linewidth=0)
+            ax.set(title=setting, xlabel=xlabel, ylabel=ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(settings):]:
+            ax.set_visible(False)
+        fig.tight_layout()
+        target = directory / filename
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110)
+        plt.close(fig)
+        atomic_write_bytes(target, png.getvalue())
+        written.append(target)
+    return written

@@ -1,0 +1,161 @@
+"""Experiment grids: every combination of named settings, times seeds, one ``ggpo-train`` run each.
+
+A grid file (YAML) names a base recipe, the axes, the seeds and where runs go::
+
+    base: ../quickstart.yaml          # relative to the grid file
+    out: runs/grid                    # relative to the working directory
+    seeds: [0, 1, 2]
+    overrides: {trainer.max_steps: 300}        # applied to every run
+    axes:
+      objective:
+        ggpo: {model.objective.name: ggpo}
+        grpo: {model.objective.name: grpo}
+      setting:
+        sync1: {model.rollout.sync_every: 1}
+        offline: {data.mode: offline}
+
+Each run is ``ggpo-train --config BASE --<key> <value> ... --seed_everything SEED`` in a
+subprocess, logged to ``OUT/<objective>-<setting>-seed<SEED>/`` (axis values in axis
+order) with ``grid_run.json`` holding its labels and ``train.log`` its output. A run
+whose directory holds ``summary.json`` is done and skipped; an unfinished one starts
+over (its metrics would otherwise have a gap: Lightning's CSV logger truncates
+``metrics.csv`` on resume). So ``ggpo sweep GRID.yaml`` can be interrupted and started
+again, losing at most the run in progress.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ggpo_lightning.records.atomic import atomic_write_text
+
+__all__ = ["Grid", "GridRun", "load_grid", "run_grid"]
+
+RUN_LABELS = "grid_run.json"
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One cell of the grid for one seed."""
+
+    name: str
+    labels: dict[str, Any]
+    """Axis name -> value name, plus ``seed``."""
+    overrides: dict[str, Any]
+    """Dotted ggpo-train keys -> values (grid-wide, then each axis value's)."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    base: Path
+    out: Path
+    runs: list[GridRun]
+
+
+def _fail(path: Path, message: str) -> None:
+    raise ValueError(f"{path}: {message}")
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check a grid file; errors name the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file {path} does not exist")
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(spec, dict):
+        _fail(path, "expected a mapping with base, out, seeds and axes")
+    unknown = set(spec) - {"base", "out", "seeds", "axes", "overrides"}
+    if unknown:
+        _fail(path, f"unknown field(s) {sorted(unknown)}; allowed: base, out, seeds, axes, overrides")
+    for field in ("base", "out", "axes"):
+        if field not in spec:
+            _fail(path, f"missing field {field!r}")
+    base = (path.parent / spec["base"]).resolve()
+    if not base.is_file():
+        _fail(path, f"base recipe {spec['base']!r} not found (looked at {base})")
+    seeds = spec.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        _fail(path, f"seeds must be a non-empty list of integers, got {seeds!r}")
+    common = spec.get("overrides") or {}
+    if not isinstance(common, dict):
+        _fail(path, f"overrides must map dotted keys to values, got {common!r}")
+    axes = spec["axes"]
+    if not (isinstance(axes, dict) and axes):
+        _fail(path, "axes must map axis names to {value name: {dotted key: value}}")
+    for axis, values in axes.items():
+        if not (isinstance(values, dict) and values):
+            _fail(path, f"axes.{axis} must map value names to override mappings")
+        for value, overrides in values.items():
+            if not isinstance(overrides, dict):
+                _fail(path, f"axes.{axis}.{value} must map dotted keys to values, got {overrides!r}")
+    runs = []
+    for combo in itertools.product(*(list(values.items()) for values in axes.values())):
+        for seed in seeds:
+            labels = {axis: value for axis, (value, _) in zip(axes, combo)}
+            overrides = dict(common)
+            for _, values in combo:
+                overrides.update(values)
+            name = "-".join(labels.values()) + f"-seed{seed}"
+            runs.append(GridRun(name, {**labels, "seed": seed}, overrides))
+    return Grid(base=base, out=Path(spec["out"]), runs=runs)
+
+
+def _argv(grid: Grid, run: GridRun) -> list[str]:
+    argv = [sys.executable, "-m", "ggpo_lightning.cli.train", "--config", str(grid.base)]
+    for key, value in run.overrides.items():
+        argv += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]  # true, null, 0.2
+    argv += [
+        "--seed_everything", str(run.labels["seed"]),
+        "--trainer.logger.init_args.save_dir", str(grid.out),
+        "--trainer.logger.init_args.name", run.name,
+        "--trainer.logger.init_args.version", "",  # log straight into OUT/NAME
+    ]
+    return argv
+
+
+def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, int] = (0, 1)) -> list[tuple[GridRun, str]]:
+    """Run every run of the grid that is not done yet, one after another.
+
+    ``shard = (i, n)`` takes only the runs at positions ``i, i + n, i + 2n, ...`` (0-based), so
+    ``n`` sweeps of one grid can run side by side without sharing a run.
+
+    Returns ``(run, status)`` pairs, status one of ``done`` (skipped), ``ran``,
+    ``failed (exit N)`` or ``planned`` (dry run). A failed run is reported and the grid
+    goes on; its directory keeps its ``train.log``.
+    """
+    results = []
+    for index, run in enumerate(grid.runs, start=1):
+        if (index - 1) % shard[1] != shard[0]:
+            continue
+        run_dir = grid.out / run.name
+        prefix = f"[{index}/{len(grid.runs)}] {run.name}"
+        if (run_dir / "summary.json").is_file():
+            echo(f"{prefix}: done, skipped")
+            results.append((run, "done"))
+            continue
+        argv = _argv(grid, run)
+        if dry_run:
+            echo(f"{prefix}: {' '.join(argv[3:])}")
+            results.append((run, "planned"))
+            continue
+        if run_dir.exists():
+            echo(f"{prefix}: unfinished earlier, starting over")
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        atomic_write_text(run_dir / RUN_LABELS, json.dumps(run.labels, indent=2) + "\n")
+        echo(f"{prefix}: running")
+        with open(run_dir / "train.log", "w", encoding="utf-8") as log:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            echo(f"{prefix}: FAILED with exit code {code}; see {run_dir / 'train.log'}")
+        results.append((run, "ran" if code == 0 else f"failed (exit {code})"))
+    return results

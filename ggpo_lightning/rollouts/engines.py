@@ -1,0 +1,57 @@
+"""The one place that chooses a rollout engine from the recipe (``model.rollout.engine``, ``vllm_placement``,
+``schedule``, ``async_worker``): everything else sees the :class:`~ggpo_lightning.rollouts.engine.RolloutEngine`
+protocol only."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.rollouts.engine import RolloutEngine
+
+__all__ = ["eval_engine", "make_engine"]
+
+
+def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_or_path: str, *, lora: bool,
+                record_logprobs: bool) -> RolloutEngine:
+    """The behavior policy's engine for ``model`` (the loaded learner, before any LoRA wrapping or sharding).
+
+    - ``engine: vllm``: a vLLM engine built from ``model_name_or_path``, in this process (``colocated``) or in a
+      child of its own (``separate``; it streams weights in ``model``'s plain layout);
+    - ``engine: hf`` with ``schedule: async`` and ``async_worker: process``: the HF engine sampling in a child
+      process on shared weights (CPU);
+    - otherwise the HF engine in this process. It samples with the learner itself (no copy) when that is exact at
+      every rollout: a sync after every update, the learner's precision, no LoRA adapter, the sync schedule (with
+      async, the producer samples while the learner trains).
+    """
+    dtype = config.torch_dtype
+    if config.engine == "vllm" and config.vllm_placement == "separate":
+        from ggpo_lightning.rollouts.vllm_separate import SeparateVLLMEngine
+
+        return SeparateVLLMEngine(model_name_or_path, tokenizer, dtype or _dtype(model), layout=model.state_dict(),
+                                  record_logprobs=record_logprobs, engine_args=config.vllm_args,
+                                  devices=config.vllm_devices)
+    if config.engine == "vllm":
+        from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_name_or_path, tokenizer, dtype or _dtype(model), record_logprobs=record_logprobs,
+                          engine_args=config.vllm_args)
+    if config.schedule == "async" and config.async_worker == "process":
+        from ggpo_lightning.rollouts.child_engine import ChildProcessEngine
+
+        return ChildProcessEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs)
+    from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+
+    share = not lora and config.sync_every == 1 and dtype is None and config.schedule == "sync"
+    return HFGenerateEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs, share=share)
+
+
+def eval_engine(model: nn.Module, tokenizer, engine_args: dict):
+    """A vLLM engine holding ``model`` for ``ggpo eval --engine vllm`` (``generate`` and ``greedy``)."""
+    from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+
+    return VLLMEngine.from_model(model, tokenizer, engine_args=engine_args)
+
+
+def _dtype(model: nn.Module):
+    return next(model.parameters()).dtype

@@ -1,0 +1,348 @@
+"""GGPOModule: the Lightning glue around one training step.
+
+One optimizer step (:meth:`GGPOModule.training_step`) reads top to bottom:
+
+1. the DataModule hands over the step's prompt groups, drawn from the behavior buffer after the
+   :class:`~ggpo_lightning.rollouts.source.RolloutSource` added the fresh ones, with what rolling them out cost;
+2. :func:`~ggpo_lightning.core.batch.pack_step` packs them into a typed :class:`~ggpo_lightning.core.batch.StepBatch`;
+3. learner log-probs with gradient, reference log-probs without (cached per group until the next refresh), as
+   :class:`~ggpo_lightning.core.objectives.ObjectiveInputs`;
+4. the configured objective's loss (the module never names an objective), plus the behavior anchor when on;
+5. the step's metrics (:func:`~ggpo_lightning.core.metrics.step_metrics` and the rollout's), reduced over ranks,
+   logged; a non-finite loss skips the step.
+
+After each update two schedules run (callbacks): the rollout source publishes the learner's weights to its engine
+every ``rollout.sync_every`` updates (staleness) and the reference becomes the learner every ``ref_refresh_every``
+(``docs/METHOD.md#reference-refresh``). The module never asks which engine or schedule runs
+(:mod:`ggpo_lightning.rollouts`); models, LoRA and FSDP live in :class:`~ggpo_lightning.models.policy.Policy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs, pack_step
+from ggpo_lightning.core.distributed import all_gather_objects, reduce_step_metrics, world
+from ggpo_lightning.core.drift import behavior_anchor
+from ggpo_lightning.core.logprobs import supports_packed
+from ggpo_lightning.core.metrics import step_metrics
+from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective
+from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
+from ggpo_lightning.models.checkpoint import (CHECKPOINT_KEY, RunState, check_fingerprint, current_rank_state,
+                                              restore_rank_state, run_fingerprint)
+from ggpo_lightning.models.export import Writer, export_targets
+from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
+from ggpo_lightning.models.lora import LoraSettings
+from ggpo_lightning.models.policy import Policy
+from ggpo_lightning.records.prompts import PromptRow, validate_golds
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.rollouts.engine import RolloutEngine
+from ggpo_lightning.rollouts.engines import make_engine
+from ggpo_lightning.rollouts.group import GroupRollout
+from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig
+from ggpo_lightning.rollouts.source import RolloutBatch, make_source
+from ggpo_lightning.training.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
+from ggpo_lightning.training.data import TrainingBatch
+from ggpo_lightning.training.hooks import NanGuard, UpdateHooks
+from ggpo_lightning.training.settings import check_settings, run_settings
+
+__all__ = ["GGPOModule"]
+
+log = logging.getLogger(__name__)
+
+
+def _default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+
+
+class GGPOModule(UpdateHooks):
+    """Off-policy RL fine-tuning of a causal LM with verifiable rewards.
+
+    Args:
+        model_name_or_path: local folder or hub id of a transformers causal LM.
+        objective: the objective (``name``: ``ggpo``, ``agro``, ``grpo``, ``maxrl`` or a
+            registered plugin) and its settings (``beta``, ``clip_eps``, ``kl_estimator``).
+        rollout: group size, sampling, sync schedule and precision of the behavior policy.
+        eval: held-out accuracy: ``max_new_tokens`` (None = the rollout's),
+            ``temperature`` (0 = greedy pass@1), ``batch_size`` (prompts per call).
+        verifier: answer checker: a registry name (``math``, ``numeric``, ``exact``, or
+            a plugin) or ``{"class_path": ..., "init_args": ...}``.
+        verifier_timeout: wall-clock seconds per answer check.
+        verifier_health: when a broken verifier aborts the run (failed-check share, patience) and
+            when a slow one is warned about (:class:`~ggpo_lightning.rollouts.health.VerifierHealthConfig`).
+        ref_refresh_every: copy the learner into the reference every N optimizer updates
+            (0 = never).
+        optimizer: optimizer over the learner's parameters only.
+        logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
+        shared_prefix: compute learner and reference log-probs on shared-prefix rows (one
+            copy of a group's prompt for its K responses, no padding to the longest
+            response; :func:`~ggpo_lightning.core.logprobs.pack_groups`): the same numbers with
+            fewer token positions. Needs transformers' ``sdpa`` attention; other attention
+            implementations use the padded layout.
+        gradient_checkpointing: recompute activations in backward (less memory, more time).
+        max_nan_steps: stop after this many non-finite losses in a row.
+        chat_template: wrap each prompt as a user turn with the tokenizer's chat template
+            (instruction-tuned models); False = the prompt text as it is (base models).
+        lora: train a LoRA adapter on the frozen base instead of all weights (needs
+            ``peft``; see :mod:`ggpo_lightning.models.lora`).
+    """
+
+    resume_mismatch_ok = False
+    """Resume a checkpoint whose fingerprint differs from this run's (``--resume_mismatch_ok true``), with a warning."""
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        objective: ObjectiveConfig | None = None,
+        rollout: RolloutConfig | None = None,
+        eval: EvalConfig | None = None,
+        verifier: str | dict = "math",
+        verifier_timeout: float = 5.0,
+        verifier_health: VerifierHealthConfig | None = None,
+        ref_refresh_every: int = 160,
+        optimizer: OptimizerCallable = _default_optimizer,
+        logprob_chunk_size: int = 4096,
+        shared_prefix: bool = True,
+        gradient_checkpointing: bool = False,
+        max_nan_steps: int = 10,
+        chat_template: bool = False,
+        lora: LoraSettings | None = None,
+    ) -> None:
+        super().__init__()
+        self.objective_config = objective or ObjectiveConfig()
+        self.rollout_config = rollout or RolloutConfig()
+        self.eval_config = eval or EvalConfig()
+        self.verifier_health = VerifierHealth(verifier_health or VerifierHealthConfig())
+        check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, verifier_timeout,
+                       self.verifier_health.config, ref_refresh_every, max_nan_steps, lora)
+        self.objective = get_objective(self.objective_config.name)
+        self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
+        self.ref_refresh_every, self.optimizer_factory = ref_refresh_every, optimizer
+        self.logprob_chunk_size = logprob_chunk_size
+        self.model_name_or_path = model_name_or_path
+        self.tokenizer = load_tokenizer(model_name_or_path)
+        if chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model.chat_template is true but the tokenizer of {model_name_or_path} has no chat "
+                             "template; set model.chat_template: false or use an instruction-tuned model")
+        model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
+        self.shared_prefix = shared_prefix and supports_packed(model)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # before the LoRA wrap: the engine holds (or streams into) the plain model. Behavior log-probs are recorded
+        # with every group: GRPO's ratios and every objective's drift diagnostics
+        engine = make_engine(model, self.tokenizer, self.rollout_config, model_name_or_path, lora=lora is not None,
+                             record_logprobs=True)
+        self.policy = Policy(model, lora)
+        self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.staleness_limit)
+        self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
+        self.group_rollout = GroupRollout(engine, self.tokenizer, self.rollout_config, chat_template)
+        self.source = make_source(self.rollout_config, self.group_rollout, self.policy.engine_weights)
+        self.reference_cache = ReferenceLogprobCache()
+        self.nan_guard = NanGuard(max_nan_steps)
+        self._resync_engine = False  # set by a checkpoint that left the engine's weights to the learner's
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine (the behavior policy)."""
+        return self.group_rollout.engine
+
+    @property
+    def generated_samples(self) -> int:
+        """Responses generated by this process so far (the x-axis of sample efficiency)."""
+        return self.group_rollout.generated_samples
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self, stage: str) -> None:
+        from ggpo_verifiers import get_verifier
+
+        if self.group_rollout.verifier is None:
+            self.group_rollout.verifier = get_verifier(self.verifier_spec, timeout=self.verifier_timeout)
+        self.engine.to(self.device)
+        rank, world_size = world()
+        if rank > 0 and stage == "fit":
+            # every rank starts from the same seed: give each other rank its own sampling stream
+            # (rank 0 keeps the stream a single process would have)
+            torch.manual_seed(torch.initial_seed() + 1_000_003 * rank)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None:
+            return
+        validate_golds(datamodule.train_rows + datamodule.val_rows, self.group_rollout.verifier)
+        errors = self.source.run_errors(datamodule.mode, world_size)
+        if errors:
+            raise ValueError("; ".join(errors))
+        datamodule.connect_source(self.source)
+
+    def on_train_end(self) -> None:
+        self.source.close()  # before the final evaluation: rollouts ahead would compete for the cores
+
+    def teardown(self, stage: str) -> None:
+        self.source.close()
+        if self.group_rollout.verifier is not None:
+            self.group_rollout.verifier.close()
+            self.group_rollout.verifier = None
+
+    def train(self, mode: bool = True) -> GGPOModule:
+        super().train(mode)
+        if self.reference is not None:
+            self.reference.eval()  # frozen: no dropout, whatever Lightning toggles
+        return self
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: shard learner and reference with FSDP2 (:meth:`Policy.shard`); the engine
+        keeps weights of its own."""
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if self._trainer is None or not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        self.engine.unshare()  # its own copy, taken before the learner is sharded
+        self.policy.shard(self.device_mesh, bf16_mixed=str(self.trainer.precision) == "bf16-mixed")
+        self.engine.to(self.device)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.optimizer_factory(self.policy.trainable_parameters())
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        # Callbacks, not module hooks: Lightning runs checkpoint callbacks last, so a checkpoint
+        # taken at step s already holds the engine and reference as updated at step s.
+        schedules: list[L.Callback] = [RolloutSync(self.rollout_config.sync_every)]
+        if self.ref_refresh_every:
+            schedules.append(ReferenceRefresh(self.ref_refresh_every))
+        if type(self.trainer.progress_bar_callback) is RichProgressBar:  # Lightning's default bar: replaced
+            schedules.append(StepProgressBar())
+        return schedules
+
+    # ------------------------------------------------------------------ the training step
+
+    def training_step(self, dataloader_iter: Iterator) -> dict[str, Any] | None:
+        # Taking the iterator (not a batch) stops Lightning from prefetching the next batch,
+        # which would roll it out *before* this step's update and sync: one step staler than configured.
+        step: TrainingBatch = next(dataloader_iter)[0]
+        start = time.perf_counter()
+        batch = self.pack(step.groups)
+        loss, inputs = self.step_loss(batch)
+        metrics = self.step_metrics(batch, inputs, loss, step.rollout)
+        if not torch.isfinite(metrics["loss"]):  # the mean over ranks: every rank skips the same steps
+            return self._skip_nan_step()
+        self.nan_guard.passed()
+        size = len(step.groups)
+        for name in ("loss", "reward", "staleness"):
+            self.log(f"train/{name}", metrics.pop(name), prog_bar=True, batch_size=size)
+        # a NaN here means "no such responses in this step" (e.g. logratio_correct without a correct one): left out
+        self.log_dict({f"train/{k}": v for k, v in metrics.items() if not torch.isnan(v)}, batch_size=size)
+        # the step's clock and token count go to on_train_batch_end, which runs after the update
+        return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
+
+    def pack(self, groups) -> StepBatch:
+        """The step's groups as tensors on this device (with what the objective needs)."""
+        return pack_step(groups, self.tokenizer.pad_token_id, self.device, self.shared_prefix,
+                         require_behavior_logp=self.objective.uses_behavior_logp)
+
+    def step_loss(self, batch: StepBatch) -> tuple[Tensor, ObjectiveInputs]:
+        """The objective's loss on ``batch``, plus ``lambda`` times the behavior anchor when it is on
+        (``docs/METHOD.md#the-behavior-anchor``), and the inputs it was computed from: learner log-probs (with
+        gradient) and reference log-probs (without; cached per group until the next refresh)."""
+        token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
+        with self.policy.reference_model() as reference, torch.no_grad():
+            ref_token_logp = self.reference_cache.token_logprobs(reference, batch, self.tokenizer.pad_token_id,
+                                                                 self.logprob_chunk_size)  # [B, L]
+        inputs = objective_inputs(batch, token_logp, ref_token_logp, self.objective.level)
+        loss = self.objective.loss(inputs, self.objective_config)
+        if self.anchor_weight:
+            loss = loss + self.anchor_weight * behavior_anchor(inputs.logp, inputs.mask)
+        return loss, inputs
+
+    def step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor,
+                     rollout: RolloutBatch) -> dict[str, Tensor]:
+        """The step's metrics and its rollout's, reduced over ranks; the verifier's health checked on the reduced
+        counts (the same on every rank: every rank aborts at the same step, or none does)."""
+        metrics = step_metrics(inputs, loss, batch.versions, self.global_step, self.objective_config.beta)
+        metrics.update({k: torch.tensor(v) for k, v in rollout.metrics().items()})
+        metrics["generated_samples"] = torch.tensor(float(self.generated_samples))  # cumulative: x-axis of efficiency
+        metrics = reduce_step_metrics(metrics, self.device)
+        verifier = {k.removeprefix("verifier/"): float(v) for k, v in metrics.items() if k.startswith("verifier/")}
+        self.verifier_health.check_step(verifier, self.global_step, rollout.counts.verify_seconds)
+        return metrics
+
+    def _skip_nan_step(self) -> None:
+        self.log("train/nan_steps", float(self.nan_guard.skip(self.trainer)), batch_size=1)
+
+    # ------------------------------------------------------------------ schedules (called by the callbacks)
+
+    def sync_rollout_engine(self) -> None:
+        """The learner's weights to the rollout engine, tagged with the current step (:meth:`RolloutSource.publish`)."""
+        self.source.publish(version=self.global_step)
+
+    def refresh_reference(self) -> None:
+        """The reference becomes the learner (:meth:`Policy.refresh_reference`); cached reference log-probs go."""
+        self.reference_cache.clear()
+        self.policy.refresh_reference(self.trainer.optimizers if self._trainer is not None else [])
+
+    # ------------------------------------------------------------------ evaluation and export
+
+    def evaluate(self, rows: list[PromptRow]) -> float:
+        """Held-out accuracy of the learner on ``rows``: greedy pass@1, or one sample per prompt at
+        ``eval.temperature`` from a fixed-seed forked RNG (validation never shifts the rollouts that follow).
+        On several processes every rank must call it (:func:`~ggpo_lightning.evaluation.accuracy.count_correct`)."""
+        if not rows:
+            raise ValueError("evaluate() needs at least one prompt")
+        # no generation meanwhile (async rollouts share the global RNG, seeded here, and the verifier pool)
+        with self.source.paused():
+            accuracy, checks = heldout_accuracy(self.learner, self.tokenizer,
+                                                [self.group_rollout.encode(r.prompt) for r in rows], [r.gold for r in rows],
+                                                self.group_rollout.verifier, self.eval_config,
+                                                self.rollout_config.sampling.top_p,
+                                                self.rollout_config.sampling.max_new_tokens, self.device)
+        self.verifier_health.check_evaluation(checks, f"held-out evaluation at step {self.global_step}")
+        return accuracy
+
+    def validation_step(self, rows: list[PromptRow], batch_idx: int) -> None:
+        # already over all ranks; sync_dist only tells Lightning so (a mean of equal values)
+        self.log("val/accuracy", self.evaluate(rows), prog_bar=True, batch_size=len(rows), sync_dist=True)
+
+    def exports(self, run_dir: Path) -> dict[Path, Writer]:
+        """The final export's folders and their writers (:func:`~ggpo_lightning.models.export.export_targets`)."""
+        return export_targets(self.policy, self.tokenizer, self.model_name_or_path, run_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Called on every rank; Lightning writes rank 0's dict, so the per-rank state is gathered into it.
+        ranks = all_gather_objects(current_rank_state(self.generated_samples))
+        version, state = self.source.engine_checkpoint(self.global_step)
+        checkpoint[CHECKPOINT_KEY] = RunState(self.model_name_or_path, version, state, self.nan_guard.total, ranks,
+                                              self.policy.lora_state(), self.run_fingerprint()).to_dict()
+
+    def run_fingerprint(self) -> dict[str, Any]:
+        """What a resume must match (:func:`~ggpo_lightning.models.checkpoint.run_fingerprint`): the settings that
+        define the run and, with a DataModule attached, the training data's fingerprint."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        settings = run_settings(self.objective_config, self.rollout_config, self.model_name_or_path,
+                                getattr(datamodule, "prompts_per_step", None))
+        return run_fingerprint(settings, datamodule.fingerprint() if datamodule is not None else None)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = RunState.from_dict(checkpoint[CHECKPOINT_KEY])
+        # the specific LoRA/base check first: its message says which model to load
+        self.policy.check_resumable(state, self.model_name_or_path)
+        check_fingerprint(state, self.run_fingerprint(), self.resume_mismatch_ok)
+        self._resync_engine = self.source.restore_engine(state.engine_state, state.engine_version)
+        self.nan_guard.total = state.nan_steps
+        self.group_rollout.generated_samples = restore_rank_state(state.ranks)
+        if state.lora is not None:
+            self.policy.lora_merges = state.lora.merges
+
+    def on_train_start(self) -> None:
+        if self._resync_engine:
+            self.sync_rollout_engine()  # at the restored step: the checkpoint's engine_version
+            self._resync_engine = False

@@ -1,0 +1,44 @@
+"""The module's settings checked together, before any model loads: every error at once, each naming its recipe key."""
+
+from __future__ import annotations
+
+from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.evaluation.accuracy import EvalConfig
+from ggpo_lightning.models.lora import LoraSettings
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.rollouts.health import VerifierHealthConfig
+
+__all__ = ["check_settings", "run_settings"]
+
+
+def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
+                   verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
+                   ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None) -> None:
+    """Raise one ValueError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
+    from ggpo_verifiers import verifier_class
+
+    errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
+    errors += health.errors()
+    name = verifier if isinstance(verifier, str) else verifier.get("class_path") if isinstance(verifier, dict) else None
+    if name is not None:
+        try:  # a registered name, an entry point or a class path, as get_verifier accepts
+            verifier_class(name)
+        except (ImportError, AttributeError, TypeError, ValueError, LookupError) as exc:
+            errors.append(f"model.verifier: {exc}")
+    if not verifier_timeout > 0:
+        errors.append(f"model.verifier_timeout must be > 0 seconds, got {verifier_timeout}")
+    if ref_refresh_every < 0:
+        errors.append(f"model.ref_refresh_every must be >= 0 (0 = never), got {ref_refresh_every}")
+    if max_nan_steps < 1:
+        errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
+    if errors:
+        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_or_path: str,
+                 prompts_per_step: int | None) -> dict[str, object]:
+    """The settings that define a run, by recipe key: what a resume must match (the checkpoint's fingerprint,
+    :func:`~ggpo_lightning.models.checkpoint.run_fingerprint`)."""
+    return {"model.objective.name": objective.name, "model.objective.beta": objective.beta,
+            "model.rollout.k": rollout.k, "model.rollout.sync_every": rollout.sync_every,
+            "model.model_name_or_path": model_name_or_path, "data.prompts_per_step": prompts_per_step}
