@@ -1,4 +1,6 @@
-"""Callbacks of a training run: held-out accuracy before/after, export, ``summary.json``."""
+"""Callbacks of a training run: the rollout sync and reference refresh schedules, the step progress bar, held-out
+accuracy before/after with the export and ``summary.json`` (:class:`RunSummary`), and what a stopped run saves
+(:class:`RunGuard`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import yaml
 
 from ggpo_lightning.cli.train import run_training
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 ALL_YAML = sorted(RECIPES.rglob("*.yaml"))
 OVERLAY_FOLDERS = {"baselines", "overlays"}  # overlays go after a base recipe
 BASES = [p for p in ALL_YAML if not OVERLAY_FOLDERS & set(p.parts)]

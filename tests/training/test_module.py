@@ -15,39 +15,7 @@ from ggpo_lightning.core.objectives import ggpo_weights
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.testing import make_group
 
-
-def make_module(model_dir, **kwargs) -> GGPOModule:
-    kwargs.setdefault("rollout", RolloutConfig(k=4, sampling=SamplingConfig(max_new_tokens=3)))
-    kwargs.setdefault("verifier", "numeric")
-    kwargs.setdefault("optimizer", lambda p: torch.optim.AdamW(p, lr=1e-2))
-    return GGPOModule(str(model_dir), **kwargs)
-
-
-def make_data(data_dir, **kwargs) -> PromptGroupDataModule:
-    kwargs.setdefault("prompts_per_step", 3)
-    return PromptGroupDataModule(str(data_dir / "train.jsonl"), str(data_dir / "test.jsonl"), **kwargs)
-
-
-def fit(module, datamodule, steps, callbacks=(), tmp_path=None, **trainer_kwargs):
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                        limit_val_batches=0, callbacks=list(callbacks),
-                        default_root_dir=tmp_path, **trainer_kwargs)
-    trainer.fit(module, datamodule=datamodule)
-    return trainer
-
-
-def fit_resumable(module, data_dir, tmp_path, steps, ckpt_path=None, save_at=None):
-    """Fit with uniform replay, checkpointing every ``save_at`` steps into ``tmp_path/ckpt``
-    (or resuming from ``ckpt_path``); returns ``(module, datamodule, trainer)``."""
-    dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
-    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
-                                                     save_top_k=-1)] if save_at else []
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
-                        num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return module, dm, trainer
+from training_runs import fit, fit_resumable, make_data, make_module
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -149,7 +149,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
 
     tmp = tmp_path_factory.mktemp("eval-run")
     cli = run_training([
-        "--config", str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"),
+        "--config", str(Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"),
         "--model.model_name_or_path", str(tiny_model_dir), "--tiny_model", "null",
         "--model.rollout.k", "2", "--model.rollout.sampling.max_new_tokens", "3",
         "--model.optimizer.init_args.lr", "0.01",

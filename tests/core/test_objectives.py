@@ -330,9 +330,9 @@ def test_an_objective_from_one_file_trains_without_touching_the_module(tiny_mode
     from pathlib import Path
 
     from ggpo_lightning.core import objectives
-    from test_module import fit, make_data, make_module
+    from training_runs import fit, make_data, make_module
 
-    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rloo_objective.py"
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rloo_objective.py"
     try:
         rloo = runpy.run_path(str(path))["rloo_loss"]
         # one group of 3: rewards (1, 0, 0) -> baselines (0, 1/2, 1/2) -> advantages (1, -1/2, -1/2)

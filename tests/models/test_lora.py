@@ -18,7 +18,7 @@ from ggpo_lightning.core.objectives import ObjectiveConfig
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.testing import make_group
-from test_module import fit, fit_resumable, make_data, make_module
+from training_runs import fit, fit_resumable, make_data, make_module
 
 pytest.importorskip("peft")
 

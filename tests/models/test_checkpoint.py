@@ -10,7 +10,7 @@ import torch
 
 from ggpo_lightning.models.checkpoint import CHECKPOINT_KEY, SCHEMA_VERSION, RunState, learner_weights, read_checkpoint
 
-ASSETS = Path(__file__).resolve().parent / "assets" / "schema1"
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "schema1"
 
 
 def test_a_schema_1_checkpoint_reads_into_the_schema():
@@ -62,7 +62,7 @@ def test_ggpo_eval_loads_the_learner_of_an_old_checkpoint(tiny_model_dir):
     assert saved and all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
 
 
-SCHEMA3 = Path(__file__).resolve().parent / "assets" / "schema3"
+SCHEMA3 = Path(__file__).resolve().parents[1] / "assets" / "schema3"
 
 
 @pytest.mark.parametrize("schedule,steps", [("sync", 6), ("async", 5)])

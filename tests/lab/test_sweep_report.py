@@ -13,7 +13,7 @@ from ggpo_lightning.cli.main import main
 from ggpo_lightning.lab.report import collect_runs, markdown_table
 from ggpo_lightning.lab.sweep import load_grid
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 
 
 def write_grid(tmp_path: Path, model_dir: Path, **changes) -> Path:
