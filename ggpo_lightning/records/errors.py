@@ -1,0 +1,29 @@
+"""The project's own error types: mistakes a user can fix. ``ggpo-train`` and ``ggpo`` print their message (the
+recipe key, the file and line, the fix) without a traceback; any other exception is a bug and keeps its traceback.
+
+Each is also a ``ValueError``, as the checks raised before these types existed."""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "DataError", "ResumeError", "SettingsError", "UserError"]
+
+
+class UserError(Exception):
+    """A mistake in what the user gave (settings, data, a checkpoint, a resume): the message says what and how to
+    fix it."""
+
+
+class SettingsError(UserError, ValueError):
+    """A recipe key or command-line setting is invalid (the message names the key)."""
+
+
+class DataError(UserError, ValueError):
+    """A data file or row is unusable (the message names the file and line)."""
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint cannot be used: missing, truncated, corrupt, or of a newer schema (the message names the file)."""
+
+
+class ResumeError(UserError, ValueError):
+    """A checkpoint belongs to another run (the message lists the differences and the override)."""
