@@ -26,14 +26,16 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.parser import extract_match, get_extraction_regexes
 from sympy import Basic, I, MatrixBase
 
-from ggpo_verifiers.base import GoldAnswerError
 from ggpo_verifiers.extract import (
     FALLBACK_RULES,
     MATH_VERIFY,
     container_kind,
+    gold_from_solution,
     normalize_latex_answer,
     part_of_expression,
+    upright_e_as_e,
 )
+from ggpo_verifiers.records import GoldAnswerError
 
 _LATEX_ONLY = [LatexExtractionConfig()]
 # math-verify's extraction patterns as (priority, pattern, config), by priority. Boxes
@@ -85,7 +87,9 @@ def has_math(parsed: list) -> bool:
 
 @lru_cache(maxsize=4096)
 def _normalized(gold: str) -> str:
-    return normalize_latex_answer(gold)
+    """The gold's answer (``gold_from_solution``: a solution text gives its final answer),
+    normalized; raises ``GoldAnswerError``."""
+    return normalize_latex_answer(gold_from_solution(gold))
 
 
 @lru_cache(maxsize=4096)
@@ -94,14 +98,18 @@ def _parse_gold(gold: str) -> list:
 
 
 def parse_gold(gold: str) -> list:
-    """Parse a gold answer (trusted dataset text, so its parse is cached); raise
-    ``GoldAnswerError`` if it is not a mathematical object."""
+    """Parse a gold answer, or the final answer of a gold solution text (trusted dataset
+    text, so its parse is cached); raise ``GoldAnswerError`` if it is not a mathematical
+    object."""
     parsed = _parse_gold(gold)
     if not has_math(parsed):
+        marked = _normalized(gold) != normalize_latex_answer(gold.strip())
         raise GoldAnswerError(
             gold,
-            "it does not parse as a math answer (LaTeX, number or expression); fix the "
-            "row, or use the 'exact' verifier for free-text answers",
+            ("its final answer" if marked else "it")
+            + " does not parse as a math answer (LaTeX, number or expression)"
+            + ("" if marked else "; a solution text must mark its answer with \\boxed{}, '####' or 'final answer is'")
+            + "; fix the row, or use the 'exact' verifier for free-text answers",
         )
     return parsed
 
@@ -137,9 +145,11 @@ def math_verify_answer(text: str) -> tuple[list, str] | None:
 
     Candidates are tried by math-verify's priorities ("final answer is" first, then
     "answer:", then any ``$...$``, ``\\(...\\)``, ``\\[...\\]``, fraction or number), the
-    right-most first within a priority; the first that parses wins. An error while
+    right-most first within a priority; the first that parses wins (``\\mathrm{e}`` read
+    as ``e``, as in ``normalize_latex_answer``). An error while
     parsing a candidate means no answer (math-verify's ``parse`` returns ``[]`` then).
     """
+    text = upright_e_as_e(text)
     for _, group in groupby(_UNBOXED_PATTERNS, key=lambda item: item[0]):
         matches = [(match, config) for _, pattern, config in group for match in pattern.finditer(text)]
         matches.sort(key=lambda item: (item[0].end(), -item[0].start()), reverse=True)

@@ -43,11 +43,12 @@ from typing import Any
 from ggpo_verifiers.base import Verifier
 from ggpo_verifiers.extract import (
     FALLBACK_RULES,
+    FINAL_ANSWER_RE,
     MATH_VERIFY,
     UNBOXED,
+    box_group,
     checked_fallbacks,
     has_box,
-    last_boxed,
     nesting_depth,
     unboxed_text,
 )
@@ -95,12 +96,19 @@ class MathVerifier(Verifier):
         self.tail_chars = tail_chars
 
     def extract(self, response: str) -> str | None:
-        """The content of the last box, else (with fallbacks) ``UNBOXED`` + the end of
-        the response for the worker to search; None if neither is usable."""
+        """The content of the last box (joined with the boxes chained to it), else (with
+        fallbacks) ``UNBOXED`` + response text for the worker to search: from the last
+        "final answer is" phrase after the last box (it overrides the box, as in
+        math-verify), else the end of the response. None if neither is usable."""
         tail = response[-self.tail_chars :]
-        boxed = last_boxed(tail)
-        if boxed is not None:
-            answer, prefix = boxed.strip(), ""
+        group = box_group(tail)
+        after_box = 0 if group is None else group[1]
+        phrases = list(FINAL_ANSWER_RE.finditer(tail, after_box)) if self.fallbacks else []
+        if group is not None and not phrases:
+            answer, prefix = group[0].strip(), ""
+        elif phrases:
+            start = phrases[-1].start()
+            answer, prefix = tail[start : start + self.max_answer_chars].strip(), UNBOXED
         elif self.fallbacks:
             answer, prefix = unboxed_text(tail, self.max_answer_chars).strip(), UNBOXED
         else:
@@ -110,9 +118,9 @@ class MathVerifier(Verifier):
         return prefix + answer
 
     def unboxed(self, response: str, answer: str | None) -> bool:
-        if answer is not None:
-            return answer.startswith(UNBOXED)
-        return not has_box(response[-self.tail_chars :])
+        if answer is not None and not answer.startswith(UNBOXED):
+            return False
+        return not has_box(response[-self.tail_chars :])  # a box before "final answer is" counts
 
     def check(self, answer: str, gold: str) -> bool | None:
         """``answer`` is a box's content, or ``UNBOXED`` + response text to search."""
