@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 
 from ggpo_verifiers.records import GoldAnswerError
 
@@ -314,6 +315,31 @@ def final_answer(
     if not answer or len(answer) > max_chars or nesting_depth(answer) > max_depth:
         return None
     return answer
+
+
+DEFAULT_REL_TOL = 5e-6
+"""Relative tolerance of the ``math`` and ``numeric`` verifiers for numbers written as
+decimals (their ``rel_tol``): a decimal rounded to 6 significant digits is within it of
+the exact value (0.333333 of 1/3), one rounded to 5 is not (0.33333)."""
+MAX_EXACT_BITS = 4096
+"""Exact values (``exact_power``, ``equivalence.exact_value``) are computed only while
+their numerator and denominator fit in this many bits (10^{300} needs 997, 2^{-1000}
+1001): a larger number is never computed, so ``9^{999999999}`` costs nothing."""
+
+
+def bounded(value: Fraction) -> Fraction | None:
+    """``value``, or None when its numerator or denominator exceeds ``MAX_EXACT_BITS``."""
+    return value if max(value.numerator.bit_length(), value.denominator.bit_length()) <= MAX_EXACT_BITS else None
+
+
+def exact_power(base: Fraction, power: int) -> Fraction | None:
+    """``base ** power`` exactly, or None when it is undefined (0 to a negative power) or
+    would exceed ``MAX_EXACT_BITS`` (checked before computing it)."""
+    if base == 0 and power < 0:
+        return None
+    if max(base.numerator.bit_length(), base.denominator.bit_length()) * abs(power) > MAX_EXACT_BITS:
+        return None
+    return base**power
 
 
 _THOUSANDS_GROUP_RE = re.compile(r"(?<=\d)(?:\{,\}|\\[,!; ]|\\thinspace\s*)(?=\d{3}(?!\d))")

@@ -42,6 +42,7 @@ from typing import Any
 
 from ggpo_verifiers.base import Verifier
 from ggpo_verifiers.extract import (
+    DEFAULT_REL_TOL,
     FALLBACK_RULES,
     FINAL_ANSWER_RE,
     MATH_VERIFY,
@@ -69,7 +70,12 @@ class MathVerifier(Verifier):
             numbers taken out of larger expressions), ``"answer_phrase"`` ("the answer
             is ...") and ``"last_number"`` (see ``ggpo_verifiers.extract``). ``()``
             requires a box.
-        float_rounding: Decimal places to which floats are compared.
+        float_rounding: Decimal places to which a decimal and the value it is compared
+            with must agree (math-verify's rule).
+        rel_tol: Relative tolerance between a decimal and the value it is compared with
+            (both must hold: ``rel_tol`` makes the comparison scale-correct, so 1.5e-7 is
+            not 1.6e-7). Exact values (integers, fractions, integer powers) are compared
+            exactly at every scale; an integer needs an exactly equal decimal.
         max_answer_chars: Longer extracted answers are unparseable; without a box,
             the worker searches this many last characters of the response.
         max_answer_depth: Answers (and unboxed text) nested deeper than this many
@@ -83,6 +89,7 @@ class MathVerifier(Verifier):
         *,
         fallbacks: Sequence[str] = (MATH_VERIFY,),
         float_rounding: int = 6,
+        rel_tol: float = DEFAULT_REL_TOL,
         max_answer_chars: int = 1000,
         max_answer_depth: int = 32,
         tail_chars: int = 4000,
@@ -91,6 +98,9 @@ class MathVerifier(Verifier):
         super().__init__(**kwargs)
         self.fallbacks = checked_fallbacks(fallbacks, MATH_FALLBACKS)
         self.float_rounding = float_rounding
+        if not 0 <= rel_tol < 1:
+            raise ValueError(f"rel_tol={rel_tol!r} is invalid: expected 0 <= rel_tol < 1")
+        self.rel_tol = rel_tol
         self.max_answer_chars = max_answer_chars
         self.max_answer_depth = max_answer_depth
         self.tail_chars = tail_chars
@@ -127,8 +137,8 @@ class MathVerifier(Verifier):
         from ggpo_verifiers.equivalence import equivalent
 
         if answer.startswith(UNBOXED):
-            return equivalent(answer[len(UNBOXED) :], gold, self.float_rounding, self.fallbacks)
-        return equivalent(answer, gold, self.float_rounding)
+            return equivalent(answer[len(UNBOXED) :], gold, self.float_rounding, self.fallbacks, self.rel_tol)
+        return equivalent(answer, gold, self.float_rounding, rel_tol=self.rel_tol)
 
     def check_gold(self, gold: str) -> None:
         super().check_gold(gold)
