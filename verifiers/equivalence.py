@@ -39,7 +39,8 @@ from ggpo_verifiers.extract import (
     normalize_latex_answer,
     exact_power,
     part_of_expression,
-    upright_e_as_e,
+    plain_numbers,
+    reads_as_prose,
 )
 from ggpo_verifiers.records import GoldAnswerError
 
@@ -106,15 +107,19 @@ def _parse_gold(gold: str) -> list:
 def parse_gold(gold: str) -> list:
     """Parse a gold answer, or the final answer of a gold solution text (trusted dataset
     text, so its parse is cached); raise ``GoldAnswerError`` if it is not a mathematical
-    object."""
+    object, or if it is prose without a marked final answer (the LaTeX parser would read
+    it as a product of letters)."""
+    marked = _normalized(gold) != normalize_latex_answer(gold.strip())
+    unmarked_hint = "; a solution text must mark its answer with \\boxed{}, '####' or 'final answer is'"
+    if not marked and reads_as_prose(gold):  # the LaTeX parser reads prose as a product of letters
+        raise GoldAnswerError(gold, "it reads as prose, not a math answer" + unmarked_hint)
     parsed = _parse_gold(gold)
     if not has_math(parsed):
-        marked = _normalized(gold) != normalize_latex_answer(gold.strip())
         raise GoldAnswerError(
             gold,
             ("its final answer" if marked else "it")
             + " does not parse as a math answer (LaTeX, number or expression)"
-            + ("" if marked else "; a solution text must mark its answer with \\boxed{}, '####' or 'final answer is'")
+            + ("" if marked else unmarked_hint)
             + "; fix the row, or use the 'exact' verifier for free-text answers",
         )
     return parsed
@@ -151,11 +156,11 @@ def math_verify_answer(text: str) -> tuple[list, str] | None:
 
     Candidates are tried by math-verify's priorities ("final answer is" first, then
     "answer:", then any ``$...$``, ``\\(...\\)``, ``\\[...\\]``, fraction or number), the
-    right-most first within a priority; the first that parses wins (``\\mathrm{e}`` read
-    as ``e``, as in ``normalize_latex_answer``). An error while
+    right-most first within a priority; the first that parses wins (digit grouping and
+    ``\\mathrm{e}`` read as in ``normalize_latex_answer``: ``extract.plain_numbers``). An error while
     parsing a candidate means no answer (math-verify's ``parse`` returns ``[]`` then).
     """
-    text = upright_e_as_e(text)
+    text = plain_numbers(text)
     for _, group in groupby(_UNBOXED_PATTERNS, key=lambda item: item[0]):
         matches = [(match, config) for _, pattern, config in group for match in pattern.finditer(text)]
         matches.sort(key=lambda item: (item[0].end(), -item[0].start()), reverse=True)

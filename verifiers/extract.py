@@ -246,6 +246,17 @@ def gold_from_solution(text: str) -> str:
     return answer
 
 
+# Five words in a row outside \text{...} and not LaTeX commands: a sentence.
+_PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}(?:[ ,;:'-]+[A-Za-z]{2,}){4,}")
+_TEXT_GROUP_RE = re.compile(r"\\(?:text|mbox|mathrm|textbf)\s*\{[^{}]*\}")
+
+
+def reads_as_prose(text: str) -> bool:
+    """Whether ``text`` holds a sentence (five words in a row outside ``\\text{}``): a
+    solution or explanation rather than a math answer. Linear regex work."""
+    return _PROSE_RE.search(_TEXT_GROUP_RE.sub(" ", text)) is not None
+
+
 def has_box(text: str) -> bool:
     """Whether ``text`` holds a balanced ``\\boxed{...}``/``\\fbox{...}``."""
     return _BOX_RE.search(text) is not None and bool(boxed_answers(text))
@@ -343,7 +354,9 @@ def exact_power(base: Fraction, power: int) -> Fraction | None:
 
 
 _THOUSANDS_GROUP_RE = re.compile(r"(?<=\d)(?:\{,\}|\\[,!; ]|\\thinspace\s*)(?=\d{3}(?!\d))")
-_COMMA_NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# A lone number grouped in threes by commas or by spaces (some locales), one separator
+# throughout: "10,455", "1 000 000". Not "3,5" (a list), not "1, 000" (mixed).
+_GROUPED_NUMBER_RE = re.compile(r"-?\d{1,3}([, ])\d{3}(?:\1\d{3})*(?:\.\d+)?")
 _MATH_DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"))
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 
@@ -351,9 +364,10 @@ _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 def normalize_latex_answer(answer: str) -> str:
     """Normalize an answer (or gold) string before it is parsed as LaTeX.
 
-    Number-format policy: digit grouping written ``1{,}000``, ``1\\,000`` or ``1\\!000``
-    is removed; a plain comma is a thousands separator only when the whole answer is
-    one number with 3-digit groups (``1,000`` = 1000, ``12,345.5`` = 12345.5);
+    Number-format policy (``plain_numbers``): digit grouping written ``1{,}000``, ``1\\,000`` or ``1\\!000``
+    is removed; a plain comma or space is a thousands separator only when the whole
+    answer is one number with 3-digit groups and one kind of separator (``1,000`` =
+    1000, ``12,345.5`` = 12345.5, ``10 455`` = 10455);
     otherwise commas separate list elements (``1,5`` is the list 1, 5, not 1.5).
     A repeating decimal ``0.\\overline{3}`` becomes the exact fraction. Math-mode
     delimiters (``$``, ``\\(...\\)``, ``\\[...\\]``), line breaks, a trailing full stop and
@@ -365,18 +379,19 @@ def normalize_latex_answer(answer: str) -> str:
             text = text[len(left) : len(text) - len(right)].strip()
     text = _UNESCAPED_DOLLAR_RE.sub("", text).strip()
     text = text.rstrip(".").strip()
-    text = upright_e_as_e(text)
-    text = _THOUSANDS_GROUP_RE.sub("", text)
-    if _COMMA_NUMBER_RE.fullmatch(text):
-        text = text.replace(",", "")
+    text = plain_numbers(text)
+    if grouped := _GROUPED_NUMBER_RE.fullmatch(text):
+        text = text.replace(grouped[1], "")
     text = _REPEATING_RE.sub(_repeating_decimal_as_fraction, text)
     return text.replace("\\varnothing", "\\emptyset")
 
 
-def upright_e_as_e(text: str) -> str:
-    """``\\mathrm{e}`` (Euler's number, upright as ISO writes it) as ``e``, which the
-    LaTeX parser reads as Euler's number; it stops at ``\\mathrm{e}``."""
-    return text.replace("\\mathrm{e}", "e")
+def plain_numbers(text: str) -> str:
+    """``text`` with LaTeX digit grouping removed (``10\\,455``, ``1{,}000``: the LaTeX
+    parser reads ``10\\,455`` as a product) and ``\\mathrm{e}`` (Euler's number, upright
+    as ISO writes it) as ``e`` (the parser stops at ``\\mathrm{e}``). For answers and for
+    whole responses without a box."""
+    return _THOUSANDS_GROUP_RE.sub("", text.replace("\\mathrm{e}", "e"))
 
 
 def _repeating_decimal_as_fraction(match: re.Match[str]) -> str:
