@@ -100,20 +100,16 @@ def _normalized(gold: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> list:
-    return parse_latex(_normalized(gold))
-
-
 def parse_gold(gold: str) -> list:
     """Parse a gold answer, or the final answer of a gold solution text (trusted dataset
-    text, so its parse is cached); raise ``GoldAnswerError`` if it is not a mathematical
-    object, or if it is prose without a marked final answer (the LaTeX parser would read
-    it as a product of letters)."""
+    text, so its parse is cached; an unusable gold raises each time); raise
+    ``GoldAnswerError`` if it is not a mathematical object, or if it is prose without a
+    marked final answer (the LaTeX parser would read it as a product of letters)."""
     marked = _normalized(gold) != normalize_latex_answer(gold.strip())
     unmarked_hint = "; a solution text must mark its answer with \\boxed{}, '####' or 'final answer is'"
     if not marked and reads_as_prose(gold):  # the LaTeX parser reads prose as a product of letters
         raise GoldAnswerError(gold, "it reads as prose, not a math answer" + unmarked_hint)
-    parsed = _parse_gold(gold)
+    parsed = parse_latex(_normalized(gold))
     if not has_math(parsed):
         raise GoldAnswerError(
             gold,

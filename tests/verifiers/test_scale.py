@@ -90,19 +90,13 @@ def _scores(verifier, pairs: list[tuple[str, str]]) -> list[float]:
 
 
 @pytest.mark.parametrize("name", ["math", "numeric"])
-def test_equal_values_in_different_forms_always_score_one(name: str, cases, math_verifier) -> None:
+@pytest.mark.parametrize(("which", "score"), [("equal", 1.0), ("distinct", 0.0)])
+def test_exact_values_score_one_exactly_when_equal(name: str, which: str, score: float, cases, math_verifier) -> None:
+    """Equal values in other forms always score 1; distinct values never do."""
     verifier = math_verifier if name == "math" else NumericVerifier(max_answer_chars=1000)
-    equal, _ = cases
-    misses = [pair for pair, score in zip(equal, _scores(verifier, equal)) if score != 1.0]
-    assert not misses, misses[:5]
-
-
-@pytest.mark.parametrize("name", ["math", "numeric"])
-def test_distinct_exact_values_never_score_one(name: str, cases, math_verifier) -> None:
-    verifier = math_verifier if name == "math" else NumericVerifier(max_answer_chars=1000)
-    _, distinct = cases
-    false_positives = [pair for pair, score in zip(distinct, _scores(verifier, distinct)) if score != 0.0]
-    assert not false_positives, false_positives[:5]
+    pairs = cases[0] if which == "equal" else cases[1]
+    wrong = [pair for pair, got in zip(pairs, _scores(verifier, pairs)) if got != score]
+    assert not wrong, wrong[:5]
 
 
 # (gold, answer) pairs where math-verify says equal and the verifiers do not: decimals it
