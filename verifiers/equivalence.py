@@ -236,7 +236,7 @@ def _scale_correct_numbers(rel_tol: float) -> Iterator[None]:
 
     math-verify's number comparison (``grader.sympy_numeric_eq``, which it calls for
     every number it meets, inside tuples, intervals and matrices too) is not scale-correct:
-    it rounds decimals to 6 places (1.5e-7 equals 1.6e-7) and compares unevaluated
+    it rounds decimals to 6 places (0.00000015 equals 0.00000016) and compares unevaluated
     expressions with ``evalf(chop=True)``, which chops tiny differences (10^{-300} equals
     2*10^{-300}). Swapped in only around our own ``verify`` call, so math-verify used
     directly elsewhere in the process is untouched; checks run one at a time per process.
@@ -258,7 +258,7 @@ def numbers_equal(
       powers of them): exact rational equality, at any scale;
     * both sides numbers, at least one written with a decimal, neither an exact integer:
       ``|a - b| <= rel_tol * max(|a|, |b|)`` (evaluated to 30 digits: scale-correct,
-      1.5e-7 is not 1.6e-7) and, as math-verify asks, equal once rounded to
+      0.00000015 is not 0.00000016) and, as math-verify asks, equal once rounded to
       ``float_rounding`` decimal places (100000000.5 is not 100000000.4);
     * anything else (symbols, percentages, an integer against a decimal, which needs the
       exact value): math-verify's own comparison (``fallback``).

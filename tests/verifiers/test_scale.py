@@ -118,10 +118,10 @@ DECIMAL_AGREEMENTS = [
 def test_where_math_verify_is_not_scale_correct(math_verifier) -> None:
     logging.getLogger("math_verify").setLevel(logging.CRITICAL + 1)
     pairs = MATH_VERIFY_SCALE_ERRORS + DECIMAL_AGREEMENTS
-    oracle = [
-        verify(parse(f"${gold}$", parsing_timeout=None), parse(f"${answer}$", parsing_timeout=None), timeout_seconds=None)
-        for gold, answer in pairs
-    ]
+    def math_verify(text: str) -> list:
+        return parse(f"${text}$", parsing_timeout=None)
+
+    oracle = [verify(math_verify(gold), math_verify(answer), timeout_seconds=None) for gold, answer in pairs]
     assert oracle == [True] * len(pairs)
     expected = [0.0] * len(MATH_VERIFY_SCALE_ERRORS) + [1.0] * len(DECIMAL_AGREEMENTS)
     assert _scores(math_verifier, pairs) == expected

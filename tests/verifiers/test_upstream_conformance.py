@@ -58,7 +58,12 @@ DELIBERATE: dict[tuple[str, str, str, bool], str] = {
         True,
     ): PRECISION,
     (ALL + "test_complex_math_expressions", "$(\\frac{3}{5},\\frac{8}{3}]$", "$(0.6,2.6667]$", True): PRECISION,
-    ("tests/test_numina_cases.py::test_numina_cases", "\\\\boxed{W(n) = 1 \\\\text{ and } W(n) = -1", "W(x)=1orW(x)=-1", True): (
+    (
+        "tests/test_numina_cases.py::test_numina_cases",
+        "\\\\boxed{W(n) = 1 \\\\text{ and } W(n) = -1",
+        "W(x)=1orW(x)=-1",
+        True,
+    ): (
         "the gold's last \\boxed{ is never closed: gold_from_solution reports the row as unusable "
         "(GoldAnswerError at load time) where math-verify takes the rest of the text as the answer"
     ),
@@ -71,7 +76,12 @@ DELIBERATE: dict[tuple[str, str, str, bool], str] = {
         "the gold does not parse (the LaTeX parser stops at \\pm inside a list): the verifier reports it "
         "as unusable; math-verify compares the unparsed strings, so only a verbatim copy would score"
     ),
-    ("tests/test_yujianll.py::test_string_extraction", "$1 - \\frac{1}{\\mathrm{e}}$", "$1 + \\frac{1}{\\mathrm{e}}$", True): (
+    (
+        "tests/test_yujianll.py::test_string_extraction",
+        "$1 - \\frac{1}{\\mathrm{e}}$",
+        "$1 + \\frac{1}{\\mathrm{e}}$",
+        True,
+    ): (
         "1 - 1/e is not 1 + 1/e: math-verify's parser stops at \\mathrm{e}, keeps '1' of both and scores "
         "them equal (a false positive its test pins); the verifier reads \\mathrm{e} as e"
     ),
