@@ -3,12 +3,15 @@
     .venv/bin/python benchmarks/verifier_throughput.py            # 10k pairs, pools of 1 and 2
     .venv/bin/python benchmarks/verifier_throughput.py --n 2000 --workers 1,2,4
     .venv/bin/python benchmarks/verifier_throughput.py --n 2000 --unboxed   # answers in $...$
+    .venv/bin/python benchmarks/verifier_throughput.py --n 2000 --multi     # + answers in several boxes
 
 The pairs are typical RL rewards: a few hundred characters of reasoning ending in a
 ``\\boxed{}`` answer (with ``--unboxed``: in ``$...$``, which the worker's fallback
 extraction must find), gold answers that are integers, fractions, decimals, radicals,
 polynomials or tuples, about half answered correctly in another notation (``0.5`` for
-``\\frac12``). All pairs are distinct and the cache is off, so every pair is checked.
+``\\frac12``). With ``--multi`` a quarter of the golds are lists of two values, answered
+in two boxes (``\\boxed{7} \\quad\\text{and}\\quad \\boxed{3}`` for ``3, 7``). All pairs
+are distinct and the cache is off, so every pair is checked.
 
 Modes:
 * ``in-process``: ``extract`` + ``check`` in a loop in this process: the cost of the
@@ -37,10 +40,15 @@ FILLER = (
 )
 
 
-def _number_pair(rng: random.Random) -> tuple[str, str, str]:
-    """(gold, the same value in another notation, a wrong value)."""
-    kind = rng.choice(["int", "int", "frac", "decimal", "sqrt", "poly", "tuple"])
+def _number_pair(rng: random.Random, multi: bool = False) -> tuple[str, str, str]:
+    """(gold, the same value in another notation, a wrong value). A ``multi`` list's
+    answers are the insides of two boxes: ``make_pairs`` wraps them in the outer box."""
+    kinds = ["int", "int", "frac", "decimal", "sqrt", "poly", "tuple"]
+    kind = rng.choice(kinds + ["list"] * (len(kinds) // 3 if multi else 0))
     a, b = rng.randint(1, 999), rng.randint(2, 99)
+    if kind == "list":
+        join = "} \\quad\\text{and}\\quad \\boxed{"
+        return f"{a}, {b}", f"{b}{join}{a}", f"{a}{join}{b + 1}"
     if kind == "int":
         return str(a), f"{a}", str(a + rng.randint(1, 9))
     if kind == "frac":
@@ -54,17 +62,20 @@ def _number_pair(rng: random.Random) -> tuple[str, str, str]:
     return f"({a}, {b})", f"\\left({a},{b}\\right)", f"({b}, {a})"
 
 
-def make_pairs(n: int, seed: int, group_size: int = 1, boxed: bool = True) -> tuple[list[str], list[str]]:
+def make_pairs(
+    n: int, seed: int, group_size: int = 1, boxed: bool = True, multi: bool = False
+) -> tuple[list[str], list[str]]:
     """``n`` (response, gold) pairs. With ``group_size`` 1 every (answer, gold) pair is
     distinct, so each one costs a check; with more, groups of responses to one prompt
     repeat a right and a wrong answer (RL sampling). ``boxed=False`` writes the final
-    answer as ``$...$`` instead of ``$\\boxed{...}$``."""
+    answer as ``$...$`` instead of ``$\\boxed{...}$``; ``multi`` adds lists answered in
+    two boxes."""
     rng = random.Random(seed)
     responses: list[str] = []
     golds: list[str] = []
     seen: set[tuple[str, str]] = set()
     while len(responses) < n:
-        gold, right, wrong = _number_pair(rng)
+        gold, right, wrong = _number_pair(rng, multi)
         for _ in range(group_size):
             answer = rng.choice([right, wrong])
             if group_size == 1 and (answer, gold) in seen:
@@ -95,8 +106,11 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="comma-separated pool sizes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--unboxed", action="store_true", help="final answers in $...$, without a box")
+    parser.add_argument("--multi", action="store_true", help="a quarter of the answers in two boxes")
     args = parser.parse_args()
-    responses, golds = make_pairs(args.n, args.seed, boxed=not args.unboxed)
+    if args.multi and args.unboxed:
+        parser.error("--multi writes boxes: it excludes --unboxed")
+    responses, golds = make_pairs(args.n, args.seed, boxed=not args.unboxed, multi=args.multi)
 
     print(f"{'mode':<18} {'checks':>7} {'seconds':>9} {'checks/s':>10} {'accuracy':>9}")
     verifier = MathVerifier(cache_size=0)
@@ -117,7 +131,9 @@ def main() -> None:
         assert scores == reference, f"pool({workers}) disagrees with in-process scoring"
         print(f"{'':<18} start-up {startup:.2f} s; timeouts {stats.timeout}, crashes {stats.crashed}")
 
-    grouped_responses, grouped_golds = make_pairs(args.n, args.seed, group_size=8, boxed=not args.unboxed)
+    grouped_responses, grouped_golds = make_pairs(
+        args.n, args.seed, group_size=8, boxed=not args.unboxed, multi=args.multi
+    )
     workers = max(int(w) for w in args.workers.split(","))
     with MathVerifier(workers=workers) as cached:
         cached.score(r"\boxed{1}", "1")

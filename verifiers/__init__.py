@@ -8,7 +8,8 @@ sympy.
     from ggpo_verifiers import get_verifier
 
     with get_verifier("math", timeout=5.0, workers=4) as verifier:
-        verifier.validate_golds(golds)           # at data-loading time
+        golds = [gold_from_solution(text) for text in gold_fields]  # at data-loading time
+        verifier.validate_golds(golds)           # (solution texts are accepted too)
         rewards = verifier.score_batch(responses, golds)
         metrics = verifier.reset_stats().as_dict(prefix="verifier/")
 
@@ -18,6 +19,7 @@ and declare an entry point in the group ``ggpo.verifiers``; see ``verifiers/READ
 
 from ggpo_verifiers.base import GoldAnswerError, Outcome, Status, Verifier, VerifierStats
 from ggpo_verifiers.exact import ExactVerifier, NumericVerifier
+from ggpo_verifiers.extract import gold_from_solution
 from ggpo_verifiers.math import MathVerifier
 from ggpo_verifiers.pool import WorkerStartupError
 from ggpo_verifiers.registry import (
@@ -43,6 +45,7 @@ __all__ = [
     "WorkerStartupError",
     "available_verifiers",
     "get_verifier",
+    "gold_from_solution",
     "register_verifier",
     "verifier_class",
 ]

@@ -25,7 +25,6 @@ later call starts new ones. Use it as a context manager to close it on exit.
 from __future__ import annotations
 
 import abc
-import enum
 import logging
 import os
 import pickle
@@ -33,55 +32,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from ggpo_verifiers.pool import WorkerPool
+from ggpo_verifiers.pool import WorkerPool
+from ggpo_verifiers.records import GoldAnswerError, Outcome, Status
 
 logger = logging.getLogger(__name__)
-
-
-class Status(enum.IntEnum):
-    """Outcome of one check (a small integer: it crosses the worker boundary)."""
-
-    CORRECT = 0
-    WRONG = 1
-    UNPARSEABLE = 2
-    TIMEOUT = 3
-    CRASHED = 4
-    BAD_GOLD = 5
-
-
-class Outcome(NamedTuple):
-    """Score of one response and how it was reached."""
-
-    score: float
-    status: Status
 
 
 # Verdicts that depend only on (gold, answer): safe to cache. A timeout may be load: cached
 # only when the same pair times out again (TIMEOUTS_BEFORE_CACHING).
 _CACHEABLE = frozenset({Status.CORRECT, Status.WRONG, Status.UNPARSEABLE, Status.BAD_GOLD})
 TIMEOUTS_BEFORE_CACHING = 2
-
-
-class GoldAnswerError(ValueError):
-    """A gold answer the verifier cannot use. It is the dataset's fault, not the model's.
-
-    ``gold`` is the offending text, ``reason`` says why, ``index`` is its position in
-    the sequence given to ``validate_golds`` (None for a single gold). Data loaders
-    catch it and add the file and line of the row.
-    """
-
-    def __init__(self, gold: str, reason: str, index: int | None = None) -> None:
-        self.gold = gold
-        self.reason = reason
-        self.index = index
-        where = "" if index is None else f" (gold #{index})"
-        shown = gold if len(gold) <= 200 else gold[:200] + "..."
-        # Quoted but not repr()'d: LaTeX backslashes should read as the dataset has them.
-        shown = shown.replace("\n", " ")
-        super().__init__(f"unusable gold answer '{shown}'{where}: {reason}")
 
 
 @dataclass
@@ -411,8 +373,6 @@ class Verifier(abc.ABC):
         return dict(zip(calls, results))
 
     def _worker_pool(self) -> WorkerPool:
-        from ggpo_verifiers.pool import WorkerPool
-
         with self._lock:
             if self._pool is not None and not self._pool.usable_here():
                 self._pool = None  # inherited through fork: those workers are the parent's

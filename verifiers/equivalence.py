@@ -17,23 +17,32 @@ nothing but digits, ``.``, spaces and ``+-*/^()``.
 from __future__ import annotations
 
 import logging
+import math
 import re
-from collections.abc import Sequence
-from functools import lru_cache
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from fractions import Fraction
+from functools import lru_cache, partial
 from itertools import groupby
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, grader, parse, verify
 from math_verify.parser import extract_match, get_extraction_regexes
-from sympy import Basic, I, MatrixBase
+from sympy import Add, Basic, Float, I, Integer, MatrixBase, Mul, Pow, Rational, S, UnevaluatedExpr
 
-from ggpo_verifiers.base import GoldAnswerError
 from ggpo_verifiers.extract import (
+    DEFAULT_REL_TOL,
     FALLBACK_RULES,
     MATH_VERIFY,
+    bounded,
     container_kind,
+    gold_from_solution,
     normalize_latex_answer,
+    exact_power,
     part_of_expression,
+    plain_numbers,
+    reads_as_prose,
 )
+from ggpo_verifiers.records import GoldAnswerError
 
 _LATEX_ONLY = [LatexExtractionConfig()]
 # math-verify's extraction patterns as (priority, pattern, config), by priority. Boxes
@@ -85,23 +94,29 @@ def has_math(parsed: list) -> bool:
 
 @lru_cache(maxsize=4096)
 def _normalized(gold: str) -> str:
-    return normalize_latex_answer(gold)
+    """The gold's answer (``gold_from_solution``: a solution text gives its final answer),
+    normalized; raises ``GoldAnswerError``."""
+    return normalize_latex_answer(gold_from_solution(gold))
 
 
 @lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> list:
-    return parse_latex(_normalized(gold))
-
-
 def parse_gold(gold: str) -> list:
-    """Parse a gold answer (trusted dataset text, so its parse is cached); raise
-    ``GoldAnswerError`` if it is not a mathematical object."""
-    parsed = _parse_gold(gold)
+    """Parse a gold answer, or the final answer of a gold solution text (trusted dataset
+    text, so its parse is cached; an unusable gold raises each time); raise
+    ``GoldAnswerError`` if it is not a mathematical object, or if it is prose without a
+    marked final answer (the LaTeX parser would read it as a product of letters)."""
+    marked = _normalized(gold) != normalize_latex_answer(gold.strip())
+    unmarked_hint = "; a solution text must mark its answer with \\boxed{}, '####' or 'final answer is'"
+    if not marked and reads_as_prose(gold):  # the LaTeX parser reads prose as a product of letters
+        raise GoldAnswerError(gold, "it reads as prose, not a math answer" + unmarked_hint)
+    parsed = parse_latex(_normalized(gold))
     if not has_math(parsed):
         raise GoldAnswerError(
             gold,
-            "it does not parse as a math answer (LaTeX, number or expression); fix the "
-            "row, or use the 'exact' verifier for free-text answers",
+            ("its final answer" if marked else "it")
+            + " does not parse as a math answer (LaTeX, number or expression)"
+            + ("" if marked else unmarked_hint)
+            + "; fix the row, or use the 'exact' verifier for free-text answers",
         )
     return parsed
 
@@ -137,9 +152,11 @@ def math_verify_answer(text: str) -> tuple[list, str] | None:
 
     Candidates are tried by math-verify's priorities ("final answer is" first, then
     "answer:", then any ``$...$``, ``\\(...\\)``, ``\\[...\\]``, fraction or number), the
-    right-most first within a priority; the first that parses wins. An error while
+    right-most first within a priority; the first that parses wins (digit grouping and
+    ``\\mathrm{e}`` read as in ``normalize_latex_answer``: ``extract.plain_numbers``). An error while
     parsing a candidate means no answer (math-verify's ``parse`` returns ``[]`` then).
     """
+    text = plain_numbers(text)
     for _, group in groupby(_UNBOXED_PATTERNS, key=lambda item: item[0]):
         matches = [(match, config) for _, pattern, config in group for match in pattern.finditer(text)]
         matches.sort(key=lambda item: (item[0].end(), -item[0].start()), reverse=True)
@@ -174,6 +191,7 @@ def equivalent(
     gold: str,
     float_rounding: int = 6,
     rules: Sequence[str] | None = None,
+    rel_tol: float = DEFAULT_REL_TOL,
 ) -> bool | None:
     """Whether ``answer`` denotes the same mathematical object as ``gold``.
 
@@ -181,8 +199,10 @@ def equivalent(
     box whose answer ``find_answer(answer, rules)`` extracts. None means no answer
     could be parsed. Raises ``GoldAnswerError`` when the gold does not parse to a
     mathematical object. Policies beyond math-verify's own: number formats as in
-    ``normalize_latex_answer``, ``i`` is the imaginary unit, and a set never equals a
-    tuple or interval.
+    ``normalize_latex_answer``, ``i`` is the imaginary unit, a set never equals a tuple
+    or interval, and numbers compare scale-correctly (``numbers_equal``: exact values
+    exactly, decimals within ``rel_tol``; ``float_rounding`` is math-verify's rule where
+    that one does not decide).
     """
     gold_parsed = parse_gold(gold)
     if rules is not None:
@@ -200,10 +220,85 @@ def equivalent(
     kinds = {container_kind(answer), container_kind(_normalized(gold))}
     if kinds == {"set", "sequence"}:
         return False
-    return verify(
-        gold_parsed,
-        answer_parsed,
-        float_rounding=float_rounding,
-        allow_set_relation_comp=True,
-        timeout_seconds=None,
+    with _scale_correct_numbers(rel_tol):
+        return verify(
+            gold_parsed,
+            answer_parsed,
+            float_rounding=float_rounding,
+            allow_set_relation_comp=True,
+            timeout_seconds=None,
+        )
+
+
+@contextmanager
+def _scale_correct_numbers(rel_tol: float) -> Iterator[None]:
+    """Make math-verify compare numbers with ``numbers_equal`` while the block runs.
+
+    math-verify's number comparison (``grader.sympy_numeric_eq``, which it calls for
+    every number it meets, inside tuples, intervals and matrices too) is not scale-correct:
+    it rounds decimals to 6 places (0.00000015 equals 0.00000016) and compares unevaluated
+    expressions with ``evalf(chop=True)``, which chops tiny differences (10^{-300} equals
+    2*10^{-300}). Swapped in only around our own ``verify`` call, so math-verify used
+    directly elsewhere in the process is untouched; checks run one at a time per process.
+    """
+    original = grader.sympy_numeric_eq
+    grader.sympy_numeric_eq = partial(numbers_equal, fallback=original, rel_tol=rel_tol)
+    try:
+        yield
+    finally:
+        grader.sympy_numeric_eq = original
+
+
+def numbers_equal(
+    a: Basic, b: Basic, float_rounding: int, numeric_precision: int, *, fallback: Callable[..., bool], rel_tol: float
+) -> bool:
+    """Scale-correct number comparison, in place of math-verify's ``sympy_numeric_eq``:
+
+    * both sides exact (``exact_value``: integers, fractions, sums, products and integer
+      powers of them): exact rational equality, at any scale;
+    * both sides numbers, at least one written with a decimal, neither an exact integer:
+      ``|a - b| <= rel_tol * max(|a|, |b|)`` (evaluated to 30 digits: scale-correct,
+      0.00000015 is not 0.00000016) and, as math-verify asks, equal once rounded to
+      ``float_rounding`` decimal places (100000000.5 is not 100000000.4);
+    * anything else (symbols, percentages, an integer against a decimal, which needs the
+      exact value): math-verify's own comparison (``fallback``).
+    """
+    x, y = exact_value(a), exact_value(b)
+    if x is not None and y is not None:
+        return x == y
+    integer = (x is not None and x.denominator == 1) or (y is not None and y.denominator == 1)
+    if not integer and _decimal_number(a, b):
+        va, vb = a.evalf(30), b.evalf(30)
+        close = abs(va - vb) <= rel_tol * max(abs(va), abs(vb))
+        if close in (S.true, S.false):  # a complex or unevaluated value gives a relation
+            return bool(close) and va.round(float_rounding) == vb.round(float_rounding)
+    return fallback(a, b, float_rounding, numeric_precision)
+
+
+def _decimal_number(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` are both plain numbers (no symbols, no percent) and at least
+    one of them holds a decimal (``Float``)."""
+    numbers = all(
+        isinstance(e, Basic) and not isinstance(e, MatrixBase) and e.is_number and not e.has(UnevaluatedExpr)
+        for e in (a, b)
     )
+    return numbers and (a.has(Float) or b.has(Float))
+
+
+def exact_value(expr: object) -> Fraction | None:
+    """The exact rational value of a sympy expression built from integers and fractions
+    with ``+``, ``*`` and integer powers (``2^{-40}``, ``\\frac{1}{2^{40}}``, ``3 \\cdot
+    10^{300}``), or None for anything else (decimals, roots, symbols) or when a value would
+    exceed ``MAX_EXACT_BITS``. Python integer arithmetic on bounded sizes: no evaluation
+    of text."""
+    if isinstance(expr, Rational):  # Integer too
+        return bounded(Fraction(int(expr.p), int(expr.q)))
+    if isinstance(expr, (Add, Mul)):
+        values = [exact_value(arg) for arg in expr.args]
+        if any(value is None for value in values):
+            return None
+        return bounded(sum(values, Fraction(0)) if isinstance(expr, Add) else math.prod(values, start=Fraction(1)))
+    if isinstance(expr, Pow) and isinstance(expr.exp, Integer):
+        base = exact_value(expr.base)
+        return None if base is None else exact_power(base, int(expr.exp))
+    return None

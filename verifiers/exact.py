@@ -8,14 +8,24 @@ would add a process round trip and protect against nothing. Neither evaluates te
 
 from __future__ import annotations
 
-import math
 import re
 import unicodedata
 from collections.abc import Sequence
-from typing import Any
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from ggpo_verifiers.base import GoldAnswerError, Verifier
-from ggpo_verifiers.extract import FALLBACKS, checked_fallbacks, final_answer, has_box, normalize_latex_answer
+from ggpo_verifiers.extract import (
+    DEFAULT_REL_TOL,
+    FALLBACKS,
+    checked_fallbacks,
+    exact_power,
+    final_answer,
+    gold_from_solution,
+    has_box,
+    normalize_latex_answer,
+)
 from ggpo_verifiers.registry import register_verifier
 
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -40,7 +50,8 @@ def _no_box_in_tail(verifier: ExactVerifier | NumericVerifier, response: str, an
 
 @register_verifier("exact")
 class ExactVerifier(Verifier):
-    """1.0 if the normalized answer equals the normalized gold (see ``normalize_text``).
+    """1.0 if the normalized answer equals the normalized gold (see ``normalize_text``);
+    a gold solution text gives its final answer (``gold_from_solution``).
 
     The answer is the last ``\\boxed{}``, else the first fallback that matches, else the
     whole response (if it is at most ``max_answer_chars`` long).
@@ -80,52 +91,93 @@ class ExactVerifier(Verifier):
     unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool:
-        return normalize_text(answer, self.case_sensitive) == normalize_text(gold, self.case_sensitive)
+        expected = normalize_text(gold_from_solution(gold), self.case_sensitive)
+        return normalize_text(answer, self.case_sensitive) == expected
 
     def check_gold(self, gold: str) -> None:
-        if not normalize_text(gold):
+        if not normalize_text(gold_from_solution(gold)):
             raise GoldAnswerError(gold, "it is empty after normalization")
 
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)"
 _PLAIN_RE = re.compile(rf"({_NUMBER})(?:[eE]([-+]?\d+))?")
 _SCIENTIFIC_RE = re.compile(rf"({_NUMBER})\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{{?([-+]?\d+)\}}?")
-_FRACTION_RE = re.compile(rf"([-+]?)\s*\\[dt]?frac\s*\{{({_NUMBER})\}}\s*\{{({_NUMBER})\}}|({_NUMBER})\s*/\s*({_NUMBER})")
+_POWER_RE = re.compile(r"([-+]?)(\d+)\s*\^\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))")
+# One level of braces inside an argument: \frac{1}{2^{40}}. The alternatives start with
+# different characters, so matching is linear.
+_FRACTION_RE = re.compile(r"([-+]?)\s*\\[dt]?frac\s*\{((?:[^{}]|\{[^{}]*\})*)\}\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 _UNIT_RE = re.compile(r"\\(?:text|mathrm|mbox)\s*\{[^{}]*\}|\\\$|\\[,!;: ]")
+# Decimal exponents beyond this are not numbers a checker should meet (1e999 overflows a
+# float); it also bounds the size of the exact value of "1e-300".
+MAX_DECIMAL_EXPONENT = 400
 
 
-def parse_number(text: str) -> float | None:
-    """A finite float from a number written as ``-12``, ``3.5``, ``1,000``, ``2e-3``,
-    ``2 \\times 10^{-3}``, ``3/4``, ``\\frac{3}{4}`` or ``50\\%`` (= 0.5), with units in
-    ``\\text{}`` and ``\\$`` ignored; None for anything else. Never evaluates text."""
+class Number(NamedTuple):
+    """A number read from text: its exact ``value``, and whether that value is ``exact``
+    (written as an integer, a fraction or an integer power) or a decimal (``3.5``,
+    ``2e-3``, ``1.5 \\times 10^{3}``), i.e. possibly rounded."""
+
+    value: Fraction
+    exact: bool
+
+
+def parse_number(text: str) -> Number | None:
+    """The number written in ``text``: ``-12``, ``3.5``, ``1,000``, ``2e-3``,
+    ``2 \\times 10^{-3}``, ``2^{-40}``, ``3/4``, ``\\frac{3}{4}``, ``\\frac{1}{2^{40}}`` or
+    ``50\\%`` (= 1/2), with units in ``\\text{}`` and ``\\$`` ignored; None for anything
+    else. Exact rational arithmetic on regex matches of a capped answer: never evaluates
+    text, never computes a value beyond ``MAX_EXACT_BITS``."""
     text = _UNIT_RE.sub("", normalize_latex_answer(text)).strip()
-    scale = 1.0
+    scale = Fraction(1)
     if text.endswith("%"):
-        text, scale = text.rstrip("%").rstrip("\\").strip(), 0.01
-    value: float | None = None
-    if match := _PLAIN_RE.fullmatch(text):
-        value = float(f"{match[1]}e{match[2] or 0}")
-    elif match := _SCIENTIFIC_RE.fullmatch(text):
-        value = float(f"{match[1]}e{match[2]}")
-    elif match := _FRACTION_RE.fullmatch(text):
-        sign, numerator, denominator = (match[1], match[2], match[3]) if match[2] else ("", match[4], match[5])
-        value = float(numerator) / float(denominator) if float(denominator) else None
-        value = -value if value is not None and sign == "-" else value
-    if value is None or not math.isfinite(value * scale):
+        text, scale = text.rstrip("%").rstrip("\\").strip(), Fraction(1, 100)
+    number = _fraction(text) or _atom(text)
+    return None if number is None else Number(number.value * scale, number.exact)
+
+
+def _fraction(text: str) -> Number | None:
+    """``\\frac{a}{b}`` or ``a/b`` of two atoms (``_atom``), else None."""
+    if match := _FRACTION_RE.fullmatch(text):
+        sign, numerator, denominator = match[1], _atom(match[2].strip()), _atom(match[3].strip())
+    elif text.count("/") == 1:
+        sign, (numerator, denominator) = "", (_atom(part.strip()) for part in text.split("/"))
+    else:
         return None
-    return value * scale
+    if numerator is None or denominator is None or denominator.value == 0:
+        return None
+    value = numerator.value / denominator.value
+    return Number(-value if sign == "-" else value, numerator.exact and denominator.exact)
+
+
+def _atom(text: str) -> Number | None:
+    """An integer, a decimal (``3.5``, ``2e-3``, ``1.5 \\times 10^{3}``) or an integer
+    power (``2^{-40}``, ``10^3``), else None."""
+    if match := _POWER_RE.fullmatch(text):
+        value = exact_power(Fraction(int(match[2])), int(match[3] or match[4]))
+        return None if value is None else Number(-value if match[1] == "-" else value, True)
+    match = _PLAIN_RE.fullmatch(text) or _SCIENTIFIC_RE.fullmatch(text)
+    if match is None or abs(int(match[2] or 0)) > MAX_DECIMAL_EXPONENT:
+        return None
+    mantissa = match[1].lstrip("+")
+    value = Fraction(mantissa if mantissa[-1:] != "." else mantissa[:-1]) * Fraction(10) ** int(match[2] or 0)
+    written_exact = "." not in mantissa and not (match.re is _PLAIN_RE and match[2])  # not 2e-3
+    return Number(value, written_exact)
 
 
 @register_verifier("numeric")
 class NumericVerifier(Verifier):
-    """1.0 if the answer is a number within tolerance of the gold number.
+    """1.0 if the answer is the gold number.
 
     Numbers are read by ``parse_number``; the answer is found like ``math``'s (last box,
-    then fallbacks). Equality is ``math.isclose(answer, gold, rel_tol, abs_tol)``.
+    then fallbacks); a gold solution text gives its final answer (``gold_from_solution``).
+    Two exact numbers (integers, fractions, integer powers) must be equal, exactly, at
+    any scale (2^{-40} is not 2^{-41}). When either is a decimal:
+    ``|answer - gold| <= max(rel_tol * max(|answer|, |gold|), abs_tol)``, computed exactly.
 
     Args:
-        rel_tol: Relative tolerance.
-        abs_tol: Absolute tolerance (matters for golds near 0).
+        rel_tol: Relative tolerance when a decimal is involved.
+        abs_tol: Absolute tolerance when a decimal is involved (default 0: an absolute
+            tolerance makes all small numbers equal; set it only for golds near 0).
         fallbacks: Extraction rules tried when there is no box.
         max_answer_chars: Longer answers are unparseable.
         tail_chars: Only the last this many characters of a response are searched.
@@ -137,8 +189,8 @@ class NumericVerifier(Verifier):
     def __init__(
         self,
         *,
-        rel_tol: float = 1e-6,
-        abs_tol: float = 1e-9,
+        rel_tol: float = DEFAULT_REL_TOL,
+        abs_tol: float = 0.0,
         fallbacks: Sequence[str] = FALLBACKS,
         max_answer_chars: int = 200,
         tail_chars: int = 4000,
@@ -159,18 +211,24 @@ class NumericVerifier(Verifier):
     unboxed = _no_box_in_tail
 
     def check(self, answer: str, gold: str) -> bool | None:
-        gold_value = self._gold_value(gold)
-        value = parse_number(answer)
-        if value is None:
+        expected = _gold_number(gold)
+        number = parse_number(answer)
+        if number is None:
             return None
-        return math.isclose(value, gold_value, rel_tol=self.rel_tol, abs_tol=self.abs_tol)
+        if number.exact and expected.exact:
+            return number.value == expected.value
+        tolerance = max(Fraction(self.rel_tol) * max(abs(number.value), abs(expected.value)), Fraction(self.abs_tol))
+        return abs(number.value - expected.value) <= tolerance
 
     def check_gold(self, gold: str) -> None:
-        self._gold_value(gold)
+        _gold_number(gold)
 
-    def _gold_value(self, gold: str) -> float:
-        value = parse_number(gold)
-        if value is None:
-            raise GoldAnswerError(gold, "it is not a finite number (see ggpo_verifiers.exact.parse_number)")
-        return value
 
+@lru_cache(maxsize=4096)
+def _gold_number(gold: str) -> Number:
+    """The number of a gold (or of a gold solution's final answer); GoldAnswerError if
+    there is none. Cached: the golds of a dataset repeat across an RL group."""
+    number = parse_number(gold_from_solution(gold))
+    if number is None:
+        raise GoldAnswerError(gold, "it is not a finite number (see ggpo_verifiers.exact.parse_number)")
+    return number

@@ -7,10 +7,12 @@ that happens in worker processes (see ``ggpo_verifiers.equivalence``).
 Extraction policy (``final_answer``), first rule that yields an answer wins:
 
 1. ``boxed``: the last ``\\boxed{...}`` (or ``\\fbox{...}``) in the tail of the response,
-   with brace matching (escaped ``\\{``/``\\}`` do not count). Boxes that directly precede
-   it, separated only by ``,``/``and``/``or``/``$``/whitespace, are part of the same answer
-   and joined with ``", "``: ``\\boxed{3} or \\boxed{4}`` is the hedged answer ``3, 4``
-   (which matches neither ``3`` nor ``4``), ``\\boxed{1}, \\boxed{2}`` is ``1, 2``.
+   with brace matching (escaped ``\\{``/``\\}`` do not count), joined with ``", "`` to the
+   boxes chained to it (``box_group``): boxes of one answer (``\\boxed{k = 45} \\quad
+   \\text{and} \\quad \\boxed{n = 2}`` is ``k = 45, n = 2``) and hedges
+   (``\\boxed{5} if $n$ is even, \\boxed{6} otherwise`` is ``5, 6``, which matches
+   neither ``5`` nor ``6``); a box after a sentence or words without a separator is a
+   new attempt (``\\boxed{3}. Wait, ... \\boxed{4}`` is ``4``).
 2. ``answer_phrase`` (fallback): after the last "answer is", "answer:" or "answer =":
    its first math segment (``$...$``), else a leading number followed by words
    ("12 apples" is 12; "1 + x" is not 1), else the rest of the sentence.
@@ -32,10 +34,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fractions import Fraction
+
+from ggpo_verifiers.records import GoldAnswerError
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# What may separate two boxes that form one answer: "\boxed{1}$, $\boxed{2}", "... or ...".
-_BOX_JOIN_RE = re.compile(r"^[\s$]*(?:,|;|\band\b|\bor\b|,\s*and\b|,\s*or\b)?[\s$]*$")
+# Two boxes are one answer when the text between them is short (MAX_BOX_GAP), ends no
+# sentence, and either names a separator ("\boxed{1}$, $\boxed{2}", "\quad \text{and}
+# \quad", "\) and \( y_2 =", "if $n$ is even,") or holds no word at all ("$ $", "++").
+# math-verify chains boxes under 70 characters apart that hold a separator, or under 10
+# apart whatever they hold (so "\boxed{3} then \boxed{4}" is a set there, 4 here).
+MAX_BOX_GAP = 70
+_GAP_BREAK_RE = re.compile(r"[.!?](?:\s|$)|\n\s*\n")
+_GAP_SEPARATOR_RE = re.compile(r"\b(?:and|or)\b|[,;]")
+_GAP_WORD_RE = re.compile(r"(?<!\\)\b[A-Za-z]{2,}")
 _PHRASE_RE = re.compile(r"(?i)\b(?:final\s+answer|answer)\s*(?:is\s*:?|:|=)")
 _SENTENCE_END_RE = re.compile(r"\.(?:\s|$)|\n")
 _LEADING_MATH_RE = re.compile(r"\$([^$]+)\$|\\\((.+?)\\\)")
@@ -92,19 +104,34 @@ def boxed_answers(text: str) -> list[tuple[int, int, str]]:
     return boxes
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the final box (joined with the boxes chained to it), or None."""
+def box_group(text: str) -> tuple[str, int] | None:
+    """The final answer given in boxes: the content of the last balanced box, joined with
+    ``", "`` to the boxes chained to it (see the module docstring; a box repeating the
+    one after it is kept once), and the end of the last box. None without a balanced box.
+    Linear in ``len(text)``."""
     boxes = boxed_answers(text)
     if not boxes:
         return None
     parts = [boxes[-1][2]]
-    for (_, prev_end, content), (next_start, _, _) in zip(
-        reversed(boxes[:-1]), reversed(boxes[1:])
-    ):
-        if not _BOX_JOIN_RE.match(text[prev_end:next_start]):
+    for (_, prev_end, content), (next_start, _, _) in zip(reversed(boxes[:-1]), reversed(boxes[1:])):
+        if not _chained(text[prev_end:next_start]):
             break
-        parts.append(content)
-    return ", ".join(reversed(parts))
+        if content != parts[-1]:
+            parts.append(content)
+    return ", ".join(reversed(parts)), boxes[-1][1]
+
+
+def _chained(gap: str) -> bool:
+    """Whether two boxes with ``gap`` between them are parts of one answer."""
+    if len(gap) > MAX_BOX_GAP or _GAP_BREAK_RE.search(gap):
+        return False
+    return bool(_GAP_SEPARATOR_RE.search(gap)) or not _GAP_WORD_RE.search(gap)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the final box (joined with the boxes chained to it), or None."""
+    group = box_group(text)
+    return None if group is None else group[0]
 
 
 def answer_phrase(text: str) -> str | None:
@@ -112,9 +139,13 @@ def answer_phrase(text: str) -> str | None:
     (``$...$``, ``\\(...\\)``) if it starts with one, else a leading number followed by
     words ("12 apples", "12, I think"), else the rest of its sentence."""
     matches = list(_PHRASE_RE.finditer(text))
-    if not matches:
-        return None
-    rest = text[matches[-1].end() :].lstrip(" *")
+    return _answer_at(text[matches[-1].end() :]) if matches else None
+
+
+def _answer_at(rest: str) -> str | None:
+    """The answer that ``rest`` (the text after an answer phrase) starts with, as
+    ``answer_phrase`` reads it."""
+    rest = rest.lstrip(" *")
     math_segment = _LEADING_MATH_RE.match(rest)
     if math_segment:
         return math_segment.group(1) or math_segment.group(2)
@@ -166,6 +197,64 @@ the worker (``ggpo_verifiers.equivalence.math_verify_answer``)."""
 UNBOXED = "\n[unboxed]\n"
 """Prefix of an extracted "answer" that is response text without a box, whose answer
 the worker extracts. A box's content is stripped, so it never starts with a line break."""
+
+
+FINAL_ANSWER_RE = re.compile(r"(?i)\bfinal answer.{0,100}?\s+is\b\s*:?\s*(?=\$|\\[(\[]|-?\.?\d)")
+"""math-verify's "final answer is" phrase (its highest-priority extraction rule), when a
+math environment or a number follows it ("the final answer is correct" is no answer).
+After the last box it overrides the box: "\\boxed{200} ... The final answer is $10,455$"."""
+_GSM8K_RE = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def gold_from_solution(text: str) -> str:
+    """The gold answer in ``text``, a dataset's gold field: a bare answer, or a whole
+    solution that marks its final answer (MATH, NuminaMath, GSM8K, Minerva styles).
+
+    Returned, first rule that applies:
+
+    1. after the last box, a "final answer is ..." phrase (Minerva: "Final Answer: The
+       final answer is $28\\%$. I hope it is correct."): its answer, as ``answer_phrase``
+       reads it;
+    2. the last ``\\boxed{}`` with the boxes chained to it, as for responses
+       (``box_group``): ``... so $n = \\boxed{1,-2}$.`` gives ``1,-2``;
+    3. GSM8K's ``#### 72``: the rest of the last ``####`` line;
+    4. otherwise ``text`` itself (a bare answer; whether it parses is the verifier's
+       ``check_gold``), stripped.
+
+    Raises ``GoldAnswerError`` when the marked answer is empty or the last ``\\boxed{`` is
+    never closed: the row is broken, and guessing where its answer ends could reward
+    wrong responses. Pure string work, linear in ``len(text)``; data loaders call it
+    once per row (``ggpo data convert`` too), verifiers call it on every gold.
+    """
+    group = box_group(text)
+    after_box = group[1] if group else 0
+    phrases = list(FINAL_ANSWER_RE.finditer(text, after_box))
+    unclosed = _BOX_RE.search(text, after_box)
+    if phrases:
+        answer, marker = _answer_at(text[phrases[-1].end() :]) or "", "'final answer is'"
+    elif unclosed is not None:
+        raise GoldAnswerError(text, "its last \\boxed{ is never closed; fix the row")
+    elif group is not None:
+        answer, marker = group[0], "\\boxed{}"
+    elif gsm8k := list(_GSM8K_RE.finditer(text)):
+        answer, marker = gsm8k[-1].group(1), "'####'"
+    else:
+        answer, marker = text, ""
+    answer = answer.strip()
+    if not answer:
+        raise GoldAnswerError(text, f"its final answer ({marker}) is empty" if marker else "it is empty")
+    return answer
+
+
+# Five words in a row outside \text{...} and not LaTeX commands: a sentence.
+_PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}(?:[ ,;:'-]+[A-Za-z]{2,}){4,}")
+_TEXT_GROUP_RE = re.compile(r"\\(?:text|mbox|mathrm|textbf)\s*\{[^{}]*\}")
+
+
+def reads_as_prose(text: str) -> bool:
+    """Whether ``text`` holds a sentence (five words in a row outside ``\\text{}``): a
+    solution or explanation rather than a math answer. Linear regex work."""
+    return _PROSE_RE.search(_TEXT_GROUP_RE.sub(" ", text)) is not None
 
 
 def has_box(text: str) -> bool:
@@ -239,8 +328,35 @@ def final_answer(
     return answer
 
 
+DEFAULT_REL_TOL = 5e-6
+"""Relative tolerance of the ``math`` and ``numeric`` verifiers for numbers written as
+decimals (their ``rel_tol``): a decimal rounded to 6 significant digits is within it of
+the exact value (0.333333 of 1/3), one rounded to 5 is not (0.33333)."""
+MAX_EXACT_BITS = 4096
+"""Exact values (``exact_power``, ``equivalence.exact_value``) are computed only while
+their numerator and denominator fit in this many bits (10^{300} needs 997, 2^{-1000}
+1001): a larger number is never computed, so ``9^{999999999}`` costs nothing."""
+
+
+def bounded(value: Fraction) -> Fraction | None:
+    """``value``, or None when its numerator or denominator exceeds ``MAX_EXACT_BITS``."""
+    return value if max(value.numerator.bit_length(), value.denominator.bit_length()) <= MAX_EXACT_BITS else None
+
+
+def exact_power(base: Fraction, power: int) -> Fraction | None:
+    """``base ** power`` exactly, or None when it is undefined (0 to a negative power) or
+    would exceed ``MAX_EXACT_BITS`` (checked before computing it)."""
+    if base == 0 and power < 0:
+        return None
+    if max(base.numerator.bit_length(), base.denominator.bit_length()) * abs(power) > MAX_EXACT_BITS:
+        return None
+    return base**power
+
+
 _THOUSANDS_GROUP_RE = re.compile(r"(?<=\d)(?:\{,\}|\\[,!; ]|\\thinspace\s*)(?=\d{3}(?!\d))")
-_COMMA_NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# A lone number grouped in threes by commas or by spaces (some locales), one separator
+# throughout: "10,455", "1 000 000". Not "3,5" (a list), not "1, 000" (mixed).
+_GROUPED_NUMBER_RE = re.compile(r"-?\d{1,3}([, ])\d{3}(?:\1\d{3})*(?:\.\d+)?")
 _MATH_DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"))
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 
@@ -248,9 +364,10 @@ _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 def normalize_latex_answer(answer: str) -> str:
     """Normalize an answer (or gold) string before it is parsed as LaTeX.
 
-    Number-format policy: digit grouping written ``1{,}000``, ``1\\,000`` or ``1\\!000``
-    is removed; a plain comma is a thousands separator only when the whole answer is
-    one number with 3-digit groups (``1,000`` = 1000, ``12,345.5`` = 12345.5);
+    Number-format policy (``plain_numbers``): digit grouping written ``1{,}000``, ``1\\,000`` or ``1\\!000``
+    is removed; a plain comma or space is a thousands separator only when the whole
+    answer is one number with 3-digit groups and one kind of separator (``1,000`` =
+    1000, ``12,345.5`` = 12345.5, ``10 455`` = 10455);
     otherwise commas separate list elements (``1,5`` is the list 1, 5, not 1.5).
     A repeating decimal ``0.\\overline{3}`` becomes the exact fraction. Math-mode
     delimiters (``$``, ``\\(...\\)``, ``\\[...\\]``), line breaks, a trailing full stop and
@@ -262,11 +379,19 @@ def normalize_latex_answer(answer: str) -> str:
             text = text[len(left) : len(text) - len(right)].strip()
     text = _UNESCAPED_DOLLAR_RE.sub("", text).strip()
     text = text.rstrip(".").strip()
-    text = _THOUSANDS_GROUP_RE.sub("", text)
-    if _COMMA_NUMBER_RE.fullmatch(text):
-        text = text.replace(",", "")
+    text = plain_numbers(text)
+    if grouped := _GROUPED_NUMBER_RE.fullmatch(text):
+        text = text.replace(grouped[1], "")
     text = _REPEATING_RE.sub(_repeating_decimal_as_fraction, text)
     return text.replace("\\varnothing", "\\emptyset")
+
+
+def plain_numbers(text: str) -> str:
+    """``text`` with LaTeX digit grouping removed (``10\\,455``, ``1{,}000``: the LaTeX
+    parser reads ``10\\,455`` as a product) and ``\\mathrm{e}`` (Euler's number, upright
+    as ISO writes it) as ``e`` (the parser stops at ``\\mathrm{e}``). For answers and for
+    whole responses without a box."""
+    return _THOUSANDS_GROUP_RE.sub("", text.replace("\\mathrm{e}", "e"))
 
 
 def _repeating_decimal_as_fraction(match: re.Match[str]) -> str:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from ggpo_verifiers.base import Status
+from ggpo_verifiers.records import Status
 
 # Protocol: worker -> parent messages are a 1-byte tag and a fixed body.
 READY = b"R"

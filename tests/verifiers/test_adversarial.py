@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_verifiers import ExactVerifier, MathVerifier, NumericVerifier, Status
+from ggpo_verifiers import ExactVerifier, GoldAnswerError, MathVerifier, NumericVerifier, Status, gold_from_solution
 
 TIMEOUT = 1.0  # the dos_verifier's timeout (conftest)
 MARGIN = 2.0  # kill + replacement start on a loaded 2-core machine
@@ -179,3 +179,26 @@ def test_plain_expressions_reach_parse_expr_without_python_names(monkeypatch) ->
         math_verify_answer(text)
     assert len(seen) >= 2, "the plain-expression path was not exercised"
     assert all(re.fullmatch(r"[\d.\s+\-*/()]*", expr) for expr in seen), seen
+
+
+def test_box_chains_phrases_and_solution_golds_are_bounded_work() -> None:
+    """The extraction added for several boxes, "final answer is" and solution golds runs
+    in the trainer process: linear on megabyte inputs built to make it slow."""
+    floods = [
+        "final answer " * 80_000,  # the phrase regex scans up to 100 characters per start
+        "The final answer is " * 50_000 + "$",
+        r"\boxed{1} and " * 80_000,  # a chain of boxes as long as the text
+        r"\boxed{1} " + "and , " * 200_000 + r"\boxed{2}",  # one huge gap of separators
+        "#### \n" * 150_000,
+        "We count the ways, " * 50_000,  # prose
+    ]
+    verifier = MathVerifier()
+    start = time.perf_counter()
+    for text in floods:
+        verifier.extract(text)
+        try:
+            gold_from_solution(text)
+        except GoldAnswerError:
+            pass
+    assert time.perf_counter() - start < 3.0
+    assert verifier._pool is None  # nothing left the process

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -70,7 +71,33 @@ def test_exact_rejects_empty_golds(gold: str) -> None:
     ],
 )
 def test_parse_number(text: str, value: float | None) -> None:
-    assert parse_number(text) == (pytest.approx(value) if value is not None else None)
+    number = parse_number(text)
+    assert (number and float(number.value)) == (pytest.approx(value) if value is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "exact"),
+    [
+        ("2^{-40}", Fraction(1, 2**40), True),
+        (r"\frac{1}{2^{40}}", Fraction(1, 2**40), True),
+        ("1/1099511627776", Fraction(1, 2**40), True),
+        (r"3 \times 10^{-300}", Fraction(3, 10**300), True),
+        (r"-\frac{7}{10^{3}}", Fraction(-7, 1000), True),
+        ("1.5e-300", Fraction(15, 10**301), False),  # decimals may be rounded values
+        (r"1.5 \times 10^{300}", Fraction(15 * 10**299), False),
+        ("0.1", Fraction(1, 10), False),
+        (r"\frac{0.5}{2}", Fraction(1, 4), False),
+    ],
+)
+def test_parse_number_is_exact_at_every_scale(text: str, value: Fraction, exact: bool) -> None:
+    assert parse_number(text) == (value, exact)
+
+
+@pytest.mark.parametrize("text", ["9^{999999999}", "2^{-100000}", "1e999", r"\frac{1}{7^{99999}}"])
+def test_parse_number_never_computes_huge_values(text: str) -> None:
+    start = time.perf_counter()
+    assert parse_number(text) is None
+    assert time.perf_counter() - start < 0.1
 
 
 def test_numeric_tolerance() -> None:
@@ -78,7 +105,8 @@ def test_numeric_tolerance() -> None:
     assert strict.score(r"\boxed{3.1415927}", "3.14159265") == 1.0
     assert strict.score(r"\boxed{3.14}", "3.14159265") == 0.0
     assert loose.score(r"\boxed{3.14}", "3.14159265") == 1.0
-    assert strict.score(r"\boxed{1e-12}", "0") == 1.0  # abs_tol for golds near zero
+    assert strict.score(r"\boxed{1e-12}", "0") == 0.0  # no absolute tolerance by default
+    assert NumericVerifier(abs_tol=1e-9).score(r"\boxed{1e-12}", "0") == 1.0  # opt-in, for golds near zero
     assert strict.score("The answer is 1,000 apples.", "1000") == 1.0
 
 
