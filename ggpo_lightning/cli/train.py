@@ -152,7 +152,10 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     """Parse a recipe (and overrides), train, and return the CLI (its ``trainer``, ``model``, ...)."""
     for pattern in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
-    args = check_renamed_keys(sys.argv[1:] if args is None else args)
+    given = sys.argv[1:] if args is None else args
+    checked = check_renamed_keys(given)
+    # the command line is LightningCLI's own unless a saved configuration was migrated
+    args = None if args is None and checked == given else checked
     cli = GGPOTrainCLI(
         GGPOModule,
         PromptGroupDataModule,
