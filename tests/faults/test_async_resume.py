@@ -41,10 +41,11 @@ def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_p
 
     resumed = tmp_path / "resumed.jsonl"
     code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *ASYNC, "--ckpt_path", str(last),
-                               "--trainer.max_steps", str(4 + BOUND)), f"record_batches={resumed}")
+                               "--trainer.max_steps", str(5 + BOUND)), f"record_batches={resumed}")
     assert code == 0, out
     after = recorded(resumed)
-    assert [b["step"] for b in after] == list(range(3, 4 + BOUND))
+    # up to BOUND + 1 batches can be queued (a slow learner: the producer fills the gate); one step more follows them
+    assert len(queued) <= BOUND + 1 and [b["step"] for b in after] == list(range(3, 5 + BOUND))
     # the batches trained on after the resume start with the checkpoint's queued ones: same prompts, same
     # responses, same behavior versions (not regenerated with the resumed weights) ...
     assert [b["groups"] for b in after[:len(queued)]] == queued
