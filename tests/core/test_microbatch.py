@@ -93,3 +93,51 @@ def test_a_non_finite_loss_gives_no_coefficients(tiny_model_dir, tiny_lm):
                                           lambda b, l: (module.step_loss(b, l)[0] * float("nan"), None))
     assert torch.isnan(loss) and coefficients is None
     assert all(p.grad is None for p in module.learner.parameters())  # nothing back-propagated
+
+
+def test_two_pass_gradients_equal_the_single_pass_with_lora(tiny_model_dir, tiny_lm):
+    pytest.importorskip("peft")
+    from ggpo_lightning.models.lora import LoraSettings
+
+    _, tokenizer = tiny_lm
+    module = make_module(tiny_model_dir, lora=LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"]),
+                         objective=ObjectiveConfig(behavior_anchor=0.3))
+    torch.manual_seed(2)
+    with torch.no_grad():  # the adapter off zero, as training would move it
+        for name, p in module.learner.named_parameters():
+            if ".lora_" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    batch = module.pack(groups_of(tokenizer))
+    loss, _ = module.step_loss(batch)
+    loss.backward()
+    expected = [p.grad.clone() for p in module.learner.parameters() if p.requires_grad]
+    module.learner.zero_grad(set_to_none=True)
+    plan = plan_step(batch, 20)
+    _, _, coefficients = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
+    backward_micro_batches(module.learner, batch, plan, coefficients, 64, lambda s: s.backward()).backward()
+    got = [p.grad for p in module.learner.parameters() if p.requires_grad]
+    assert len(got) == len(expected) > 0
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_a_rank_with_fewer_micro_batches_pads_with_empty_ones_that_change_nothing(tiny_model_dir, tiny_lm,
+                                                                                    monkeypatch):
+    """Another rank needs 2 more micro-batches: this one runs 2 empty ones (forward and backward on row 0, zero
+    weight), so a sharded model's collectives line up, and its gradient is unchanged."""
+    import ggpo_lightning.core.microbatch as microbatch
+
+    _, tokenizer = tiny_lm
+    module = make_module(tiny_model_dir)
+    batch = module.pack(groups_of(tokenizer))
+    own = plan_micro_batches(batch.attention_mask.sum(-1).tolist(), 20)
+    monkeypatch.setattr(microbatch, "max_across_ranks", lambda value, device: value + 2)
+    plan = plan_step(batch, 20)
+    assert plan == own + [[], []]
+    _, _, coefficients = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
+    backward_micro_batches(module.learner, batch, plan, coefficients, 64, lambda s: s.backward()).backward()
+    padded = gradients(module)
+    _, _, coefficients = two_pass_loss(module.learner, batch, own, 64, module.step_loss)
+    backward_micro_batches(module.learner, batch, own, coefficients, 64, lambda s: s.backward()).backward()
+    for got, want in zip(padded, gradients(module)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
