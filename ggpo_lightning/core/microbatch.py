@@ -29,8 +29,8 @@ from ggpo_lightning.core.batch import StepBatch
 from ggpo_lightning.core.distributed import max_across_ranks
 from ggpo_lightning.core.logprobs import token_logprobs
 
-__all__ = ["MicroBatchConfig", "backward_micro_batches", "micro_batch_rows", "micro_batched_token_logprobs",
-           "plan_micro_batches", "plan_step", "surrogate_loss", "two_pass_loss"]
+__all__ = ["MicroBatchConfig", "backward_micro_batches", "micro_batch_rows", "micro_batched_forward",
+           "micro_batched_token_logprobs", "plan_micro_batches", "plan_step", "surrogate_loss", "two_pass_loss"]
 
 
 @dataclass
@@ -91,6 +91,20 @@ def micro_batched_token_logprobs(model: nn.Module, batch: StepBatch, plan: list[
             if rows:
                 out[rows, :values.shape[1]] = values
     return out
+
+
+def micro_batched_forward(max_tokens: int, chunk_size: int,
+                          collective: bool) -> Callable[[nn.Module, StepBatch], Tensor]:
+    """``forward(model, batch)``: :func:`micro_batched_token_logprobs` in micro-batches of ``max_tokens`` (the
+    reference's forward in a micro-batched step). ``collective`` (a sharded model, whose forwards are collectives):
+    padded to every rank's count; else planned alone (a rank with nothing to compute runs no forward)."""
+
+    def forward(model: nn.Module, batch: StepBatch) -> Tensor:
+        plan = (plan_step(batch, max_tokens) if collective
+                else plan_micro_batches(batch.attention_mask.sum(-1).tolist(), max_tokens))
+        return micro_batched_token_logprobs(model, batch, plan, chunk_size)
+
+    return forward
 
 
 def two_pass_loss(learner: nn.Module, batch: StepBatch, plan: list[list[int]], chunk_size: int,

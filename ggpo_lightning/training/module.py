@@ -36,8 +36,8 @@ from ggpo_lightning.core.distributed import reduce_step_metrics, world
 from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.logprobs import supports_packed
 from ggpo_lightning.core.metrics import step_metrics
-from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_token_logprobs,
-                                            plan_step, two_pass_loss)
+from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_forward, plan_step,
+                                            two_pass_loss)
 from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
@@ -273,8 +273,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         if token_logp is None:
             token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
         budget, chunk = self.micro_batch.max_tokens, self.logprob_chunk_size
-        forward = (lambda model, sub: micro_batched_token_logprobs(model, sub, plan_step(sub, budget), chunk)
-                   ) if budget else None
+        forward = micro_batched_forward(budget, chunk, collective=self.policy.sharded) if budget else None
         with self.policy.reference_model() as reference, torch.no_grad():
             ref_token_logp = self.reference_cache.token_logprobs(reference, batch, self.tokenizer.pad_token_id,
                                                                  chunk, forward)  # [B, L]
