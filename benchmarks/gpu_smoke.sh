@@ -14,7 +14,8 @@
 # SHAPE=qwen3-1.7b gives the model Qwen3-1.7B's decoder shape (28 layers, 2048 wide, 16
 # query / 8 key-value heads of 128, MLP 6144), randomly initialised, with the tiny
 # word-level vocabulary (so 1.41B parameters: no 151936-row embedding), and
-# MAX_NEW_TOKENS=512 (a random model runs every response to the limit).
+# MAX_NEW_TOKENS=1024 (the paper's; a random model runs every response to the limit) in
+# micro-batches of MICRO_TOKENS=16384 padded tokens (model.micro_batch.max_tokens; empty = one pass).
 # PLACEMENT=separate runs that engine in a process of its own (model.rollout.vllm_placement),
 # VLLM_DEVICE=1 on GPU 1 (model.rollout.vllm_devices; the trainer then uses DEVICES=1, GPU 0);
 # MODE=async generates in the producer thread while the learner trains (one trainer process).
@@ -30,10 +31,12 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ACCELERATOR=${ACCELERATOR:-gpu}
 ENGINE=${ENGINE:-hf}
+MICRO_TOKENS=${MICRO_TOKENS:-}
 SHAPE=${SHAPE:-}
 if [ "$SHAPE" = qwen3-1.7b ]; then
     HIDDEN=${HIDDEN:-2048} LAYERS=${LAYERS:-28} HEADS=${HEADS:-16} KV_HEADS=${KV_HEADS:-8}
-    INTERMEDIATE=${INTERMEDIATE:-6144} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-512} PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-32}
+    INTERMEDIATE=${INTERMEDIATE:-6144} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-1024} PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-32}
+    MICRO_TOKENS=${MICRO_TOKENS:-16384}  # the paper's batch (32 x 8 x 1024 new tokens) in micro-batches
     GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-true}  # as the qwen3-1.7b-math recipe
 elif [ -n "$SHAPE" ]; then
     echo "gpu_smoke: unknown SHAPE=$SHAPE (known: qwen3-1.7b)" >&2; exit 2
@@ -90,6 +93,7 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2pr
     --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
     --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE" "${engine_args[@]}" \
+    ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"} \
     2>&1 | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 set -e
@@ -115,4 +119,8 @@ for step, (t, g) in enumerate(zip(train, rollout)):
     print(f"step {step:3d}  train {t:10.0f} tok/s (rank 0)   rollout {g:10.0f} tok/s (all ranks)")
 print(f"median after step 0: train {statistics.median(train[1:] or train):.0f} tok/s (rank 0), "
       f"rollout {statistics.median(rollout[1:] or rollout):.0f} tok/s (all ranks)")
+lengths = [float(r["train/response_length"]) for r in csv.DictReader(open(sys.argv[1])) if r.get("train/response_length")]
+cut = [float(r["train/truncated_share"]) for r in csv.DictReader(open(sys.argv[1])) if r.get("train/truncated_share")]
+if lengths:
+    print(f"responses: mean length {statistics.mean(lengths):.0f} tokens, truncated share {statistics.mean(cut):.2f}")
 PYEOF

@@ -10,6 +10,7 @@ prompt copy per group, :func:`~ggpo_lightning.core.logprobs.pack_groups`), and t
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,11 +36,13 @@ class StepBatch:
     versions: Tensor  # [G] behavior version (optimizer step of the engine's weights)
     packed: PackedGroups | None = None  # shared-prefix rows of the same responses
     behavior_token_logp: Tensor | None = None  # [B, L] recorded at rollout time, 0 off the responses
+    present_mask: Tensor | None = None  # [G, K] bool, every response present (group_mask leaves out masked ones)
+    truncated: Tensor | None = None  # [G, K] bool, cut at max_new_tokens (False where not recorded or absent)
 
     def to_groups(self, per_row: Tensor) -> Tensor:
         """Scatter a ``[B, ...]`` per-response tensor into ``[G, K, ...]`` (zeros where absent)."""
         out = per_row.new_zeros(self.group_mask.shape + per_row.shape[1:])  # [G, K, ...]
-        out[self.group_mask] = per_row
+        out[self.group_mask if self.present_mask is None else self.present_mask] = per_row
         return out
 
     @property
@@ -49,10 +52,11 @@ class StepBatch:
 
 
 def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, shared_prefix: bool = False,
-              require_behavior_logp: bool = False) -> StepBatch:
+              require_behavior_logp: bool = False, mask_truncated: bool = False) -> StepBatch:
     """Pack ``groups`` into a :class:`StepBatch` on ``device``.
 
-    ``shared_prefix`` adds the shared-prefix rows. The recorded behavior token log-probs
+    ``shared_prefix`` adds the shared-prefix rows. ``mask_truncated`` leaves truncated responses out of
+    ``group_mask`` (what the objective sees); ``present_mask`` keeps every response (the behavior anchor's). The recorded behavior token log-probs
     are packed when every group has them; ``require_behavior_logp`` makes their absence
     a ValueError (e.g. a buffer file written without ``behavior_logprobs``).
     """
@@ -60,10 +64,14 @@ def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, sha
     prompts = [g.prompt_ids for g in groups for _ in range(g.k)]
     responses = [ids for g in groups for ids in g.response_ids]
     input_ids, attention, target = pack_sequences(prompts, responses, pad_id, device)  # [B, L] each
-    group_mask = torch.tensor([[i < g.k for i in range(k_max)] for g in groups], device=device)  # [G, K]
+    present = torch.tensor([[i < g.k for i in range(k_max)] for g in groups], device=device)  # [G, K]
+    truncated = torch.tensor([[bool(g.truncated and g.truncated[i]) if i < g.k else False for i in range(k_max)]
+                              for g in groups], device=device)  # [G, K]
+    group_mask = present & ~truncated if mask_truncated else present  # [G, K]
     rewards = torch.tensor([g.rewards + [0.0] * (k_max - g.k) for g in groups], device=device)  # [G, K]
     versions = torch.tensor([g.behavior_version for g in groups], device=device)  # [G]
-    batch = StepBatch(groups, input_ids, attention, target, group_mask, rewards, versions)
+    batch = StepBatch(groups, input_ids, attention, target, group_mask, rewards, versions,
+                      present_mask=present, truncated=truncated)
     if shared_prefix:
         batch.packed = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups], pad_id,
                                    device=device)
@@ -134,15 +142,17 @@ class ReferenceLogprobCache:
     def clear(self) -> None:
         self._entries.clear()
 
-    def token_logprobs(self, reference: nn.Module, batch: StepBatch, pad_id: int, chunk_size: int) -> Tensor:
+    def token_logprobs(self, reference: nn.Module, batch: StepBatch, pad_id: int, chunk_size: int,
+                       forward: Callable[[nn.Module, StepBatch], Tensor] | None = None) -> Tensor:
         """Reference token log-probs ``[B, L]`` (no grad) of the batch: only groups not cached go through
-        ``reference``."""
+        ``reference``, by ``forward(reference, sub_batch)`` (default :func:`batch_token_logprobs`; a micro-batched
+        step passes its own)."""
         missing = [g for g in batch.groups if self.get(g) is None]
         if missing:
             sub = batch if len(missing) == len(batch.groups) else pack_step(
                 missing, pad_id, batch.input_ids.device, shared_prefix=batch.packed is not None)
             with torch.no_grad():
-                tokens = batch_token_logprobs(reference, sub, chunk_size)  # [B', L']
+                tokens = (forward or (lambda model, b: batch_token_logprobs(model, b, chunk_size)))(reference, sub)
             sizes = [sum(len(r) for r in g.response_ids) for g in missing]
             for group, values in zip(missing, tokens[sub.target_mask].split(sizes)):  # [N_g] each
                 self.put(group, values)

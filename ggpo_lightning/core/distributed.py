@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "rank_share", "reduce_step_metrics",
-           "sum_across_ranks", "world"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "max_across_ranks", "rank_share",
+           "reduce_step_metrics", "sum_across_ranks", "world"]
 
 T = TypeVar("T")
 
@@ -64,6 +64,15 @@ def sum_across_ranks(values: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def max_across_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` of all ranks (the value itself on one process)."""
+    if world()[1] == 1:
+        return value
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def broadcast_from_rank0_(tensors: Sequence[Tensor]) -> None:
     """Overwrite ``tensors`` in place with rank 0's values (replicas that drew different random numbers)."""
     if world()[1] == 1:

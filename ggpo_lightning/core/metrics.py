@@ -8,30 +8,44 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ggpo_lightning.core.batch import StepBatch
 from ggpo_lightning.core.drift import behavior_anchor, drift_diagnostics
 from ggpo_lightning.core.objectives import ObjectiveInputs, ggpo_diagnostics
 
 __all__ = ["step_metrics"]
 
 
-def step_metrics(inputs: ObjectiveInputs, loss: Tensor, versions: Tensor, step: int, beta: float) -> dict[str, Tensor]:
+def step_metrics(inputs: ObjectiveInputs, loss: Tensor, batch: StepBatch, step: int, beta: float) -> dict[str, Tensor]:
     """``loss``; GGPO's diagnostics at ``beta`` (for every objective); ``behavior_anchor`` (the anchor term itself,
-    whether on or off); ``reward`` and ``accuracy`` (share of reward 1) over the present responses; ``staleness`` and
-    ``staleness_max`` of the groups (``step - versions``); with recorded behavior log-probs, the drift of the learner
-    from the behavior (:func:`~ggpo_lightning.core.drift.drift_diagnostics`)."""
+    whether on or off, over every present response); ``reward`` and ``accuracy`` (share of reward 1) over the
+    responses the objective sees; ``staleness`` and ``staleness_max`` of the groups (``step - versions``); the
+    responses' ``response_length`` (mean tokens) and ``response_length_max``, ``response_tokens`` (the step's),
+    ``truncated_share`` (cut at ``max_new_tokens``) and ``sample_entropy`` (mean ``-log mu`` of the sampled tokens:
+    the behavior's per-token entropy at temperature 1, estimated on its samples); with recorded behavior log-probs,
+    the drift of the learner from the behavior (:func:`~ggpo_lightning.core.drift.drift_diagnostics`)."""
     mask, rewards = inputs.mask, inputs.rewards  # [G, K]
+    present = batch.group_mask if batch.present_mask is None else batch.present_mask  # [G, K]
     n = mask.sum().clamp(min=1)  # []
     logp = inputs.logp.detach()  # [G, K]
-    staleness = (step - versions).float()  # [G]
+    staleness = (step - batch.versions).float()  # [G]
+    lengths = batch.target_mask.sum(-1).float()  # [B]
+    tokens = lengths.sum()  # []
     metrics = {
         "loss": loss.detach(),
         **ggpo_diagnostics(logp, inputs.ref_logp, rewards, beta, mask),
-        "behavior_anchor": behavior_anchor(logp, mask),
+        "behavior_anchor": behavior_anchor(logp, present),
         "reward": (rewards * mask).sum() / n,
         "accuracy": ((rewards == 1) & mask).sum() / n,
         "staleness": staleness.mean(),
         "staleness_max": staleness.max(),
+        "response_length": lengths.mean(),
+        "response_length_max": lengths.max(),
+        "response_tokens": tokens,
     }
+    if batch.truncated is not None:
+        metrics["truncated_share"] = (batch.truncated & present).sum() / present.sum().clamp(min=1)
+    if batch.behavior_token_logp is not None:
+        metrics["sample_entropy"] = -batch.behavior_token_logp.sum() / tokens.clamp(min=1)
     if inputs.behavior_logp is not None:
         metrics.update(drift_diagnostics(logp, inputs.behavior_logp, inputs.ref_logp, rewards, mask).as_dict())
     return metrics

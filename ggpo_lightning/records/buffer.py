@@ -138,6 +138,8 @@ class RolloutGroup:
     """Optimizer step of the policy that generated the responses (0 = the initial model)."""
     behavior_logprobs: list[list[float]] | None = None
     """Per-token log-probs under the behavior policy, when the engine reports them."""
+    truncated: list[bool] | None = None
+    """Per response: it reached ``max_new_tokens`` without EOS (None: not recorded, e.g. an older buffer file)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_id, str):
@@ -163,6 +165,12 @@ class RolloutGroup:
         self.behavior_version = int(self.behavior_version)
         if self.behavior_logprobs is not None:
             self.behavior_logprobs = self._checked_logprobs(where)
+        if self.truncated is not None:
+            flags = _as_list(self.truncated, "truncated", where)
+            _check_length(flags, "truncated", k, where)
+            if not all(isinstance(f, bool) for f in flags):
+                raise _invalid(where, "truncated", f"must be K booleans, got {flags!r}")
+            self.truncated = list(flags)
 
     def _checked_logprobs(self, where: str) -> list[list[float]]:
         outer = _as_list(self.behavior_logprobs, "behavior_logprobs", where)
@@ -197,11 +205,12 @@ class RolloutGroup:
             "behavior_version": self.behavior_version,
             "behavior_logprobs": (None if self.behavior_logprobs is None
                                   else [list(lp) for lp in self.behavior_logprobs]),
+            "truncated": None if self.truncated is None else list(self.truncated),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutGroup:
-        """Inverse of :meth:`to_dict`; ``behavior_logprobs`` may be absent.
+        """Inverse of :meth:`to_dict`; ``behavior_logprobs`` and ``truncated`` may be absent.
 
         Raises ValueError for a non-mapping, a missing or unknown key, or any field that
         fails validation.
@@ -212,7 +221,7 @@ class RolloutGroup:
         missing = [name for name in _REQUIRED_FIELDS if name not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}; required fields are "
-                             f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs is optional)")
+                             f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs and truncated are optional)")
         unknown = sorted(map(str, set(data) - set(_FIELDS)))
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; "
@@ -221,7 +230,7 @@ class RolloutGroup:
 
 
 _FIELDS = tuple(f.name for f in fields(RolloutGroup))
-_REQUIRED_FIELDS = tuple(name for name in _FIELDS if name != "behavior_logprobs")
+_REQUIRED_FIELDS = tuple(name for name in _FIELDS if name not in ("behavior_logprobs", "truncated"))
 
 
 # ----------------------------------------------------------------------------- BehaviorBuffer

@@ -76,6 +76,11 @@ class RolloutConfig:
     """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
     shared memory (:class:`~ggpo_lightning.rollouts.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
     ``thread``: in the producer thread itself."""
+    truncation: str = "verified"
+    """A response that reaches ``sampling.max_new_tokens`` without EOS: ``verified`` (its reward as the verifier
+    gives it), ``zero`` (reward 0), or ``mask`` (left out of the objective, as DAPO/TRL's ``mask_truncated``; the
+    behavior anchor keeps it: its zero expected gradient on policy holds over all of the behavior's samples, and
+    dropping the long ones would push mass toward short responses)."""
     max_staleness: int | None = None
     """``async``: the bound on the staleness (``learner step - behavior version``) of every group it trains on (the
     producer waits for fresher weights rather than run further ahead); None = ``sync_every``. At least
@@ -90,6 +95,8 @@ class RolloutConfig:
             errors.append(f"model.rollout.sync_every must be >= 1, got {self.sync_every}")
         if self.dtype is not None and self.dtype not in DTYPES:
             errors.append(f"model.rollout.dtype must be one of {sorted(DTYPES)} or null, got {self.dtype!r}")
+        if self.truncation not in TRUNCATIONS:
+            errors.append(f"model.rollout.truncation must be one of {list(TRUNCATIONS)}, got {self.truncation!r}")
         if self.engine not in ENGINES:
             errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
         if self.engine == "vllm":
@@ -152,6 +159,7 @@ class RolloutConfig:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINES = ("hf", "vllm")
 SCHEDULES = ("sync", "async")
+TRUNCATIONS = ("verified", "zero", "mask")
 ASYNC_WORKERS = ("process", "thread")
 VLLM_PLACEMENTS = ("colocated", "separate")
 

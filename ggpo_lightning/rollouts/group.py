@@ -19,7 +19,9 @@ __all__ = ["GroupRollout", "RolloutCounts", "encode_prompt"]
 
 
 class GroupRollout:
-    """Prompts in, scored groups out: the engine's K responses per prompt and the verifier's rewards.
+    """Prompts in, scored groups out: the engine's K responses per prompt and the verifier's rewards, each response
+    flagged ``truncated`` when it reached ``max_new_tokens`` without EOS (its reward then 0 with
+    ``model.rollout.truncation: zero``).
 
     Counts what it did: ``seconds``, ``tokens`` and ``verify_seconds`` (of ``seconds``, the
     wait for the verifier) since the last :meth:`take_counts` (one step's rollout) and
@@ -41,6 +43,11 @@ class GroupRollout:
     def encode(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text, self.chat_template)
 
+    def truncated(self, response_ids: list[int]) -> bool:
+        """The response reached ``sampling.max_new_tokens`` without EOS (cut, not finished)."""
+        return len(response_ids) >= self.config.sampling.max_new_tokens and (
+            not response_ids or response_ids[-1] != self.tokenizer.eos_token_id)
+
     @torch.no_grad()
     def __call__(self, rows: Sequence[PromptRow]) -> list[RolloutGroup]:
         start = time.perf_counter()
@@ -51,15 +58,15 @@ class GroupRollout:
         verify_start = time.perf_counter()
         rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
         self.verify_seconds += time.perf_counter() - verify_start
-        groups = [
-            RolloutGroup(
+        groups = []
+        for i, (row, g) in enumerate(zip(rows, generations)):
+            truncated = [self.truncated(ids) for ids in g.response_ids]
+            scored = [0.0 if cut and self.config.truncation == "zero" else float(x)
+                      for x, cut in zip(rewards[i * k:(i + 1) * k], truncated)]
+            groups.append(RolloutGroup(
                 prompt_id=row.id, prompt=row.prompt, gold=row.gold, prompt_ids=g.prompt_ids,
-                response_ids=g.response_ids, responses=g.responses,
-                rewards=[float(x) for x in rewards[i * k:(i + 1) * k]],
-                behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs,
-            )
-            for i, (row, g) in enumerate(zip(rows, generations))
-        ]
+                response_ids=g.response_ids, responses=g.responses, rewards=scored,
+                behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs, truncated=truncated))
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(ids) for g in generations for ids in g.response_ids)
         self.generated_samples += len(responses)

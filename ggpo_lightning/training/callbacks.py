@@ -71,9 +71,11 @@ class ReferenceRefresh(_EveryNUpdates):
 class StepProgressBar(RichProgressBar):
     """Rich progress bar of a step-based run: ``step`` with optimizer steps of ``max_steps`` (``ggpo-train`` runs
     one endless epoch, where Lightning's bar would read "Epoch 0/-2"), and the few metrics a user watches:
-    ``reward``, ``staleness``, ``loss`` and the latest held-out ``val_acc``."""
+    ``reward``, ``staleness``, ``loss``, the mean response length ``len``, the truncated share ``trunc`` and the
+    latest held-out ``val_acc``."""
 
-    SHOWN = {"train/reward": "reward", "train/staleness": "staleness", "train/loss": "loss", "val/accuracy": "val_acc"}
+    SHOWN = {"train/reward": "reward", "train/staleness": "staleness", "train/loss": "loss",
+             "train/response_length": "len", "train/truncated_share": "trunc", "val/accuracy": "val_acc"}
 
     @property
     def total_train_batches(self) -> int | float:

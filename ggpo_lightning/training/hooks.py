@@ -3,6 +3,7 @@ once, clipping under bf16 with a fused optimizer, and the policy for non-finite 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any
 import lightning as L
 import torch
 
+from ggpo_lightning.core.schedule import lr_multiplier
+from ggpo_lightning.records.errors import SettingsError
+
 __all__ = ["NanGuard", "UpdateHooks"]
 
 log = logging.getLogger(__name__)
@@ -18,7 +22,24 @@ log = logging.getLogger(__name__)
 
 class UpdateHooks(L.LightningModule):
     """LightningModule hooks of the update. A training step that returns ``train_start`` (its clock) and
-    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update."""
+    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update. The subclass sets ``optimizer_factory`` (learner parameters -> optimizer),
+    ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
+
+    def configure_optimizers(self) -> Any:
+        """The optimizer over the learner's trainable parameters; with ``model.lr_scheduler``, its schedule
+        stepped after every optimizer step (checkpointed with it)."""
+        optimizer = self.optimizer_factory(self.policy.trainable_parameters())
+        schedule = self.lr_schedule
+        if schedule is None:
+            return optimizer
+        total = schedule.total_steps or self.trainer.max_steps
+        if schedule.decay != "constant" and not (total and total > schedule.warmup_steps):
+            raise SettingsError(f"model.lr_scheduler.decay: {schedule.decay} needs model.lr_scheduler.total_steps "
+                                f"or trainer.max_steps above warmup_steps, got max_steps {self.trainer.max_steps}")
+        factor = functools.partial(lr_multiplier, warmup_steps=schedule.warmup_steps, total_steps=total,
+                                   decay=schedule.decay, min_lr_ratio=schedule.min_lr_ratio)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, factor), "interval": "step"}}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
@@ -29,6 +50,19 @@ class UpdateHooks(L.LightningModule):
         seconds = time.perf_counter() - outputs["train_start"]
         self.log_dict({"train/train_seconds": seconds,
                        "train/train_tokens_per_s": outputs["train_tokens"] / max(seconds, 1e-9)}, batch_size=1)
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """``train/grad_norm``: the L2 norm of the learner's accumulated gradient, before clipping."""
+        norms = [torch.linalg.vector_norm(p.grad) for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if norms:
+            total = torch.linalg.vector_norm(torch.stack([_full(n) for n in norms]))
+            self.log("train/grad_norm", total, batch_size=1)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Nothing here: gradients are freed right after each update (:meth:`optimizer_step`). Lightning would zero
+        them between the training step and its backward, where a micro-batched step has already accumulated all
+        its micro-batches but the last."""
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         """The update, then the gradients freed (``set_to_none``) at once rather than when the next backward
@@ -52,6 +86,11 @@ class UpdateHooks(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) gradient's norm reduced over its shards; a plain tensor as it is."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 class NanGuard:

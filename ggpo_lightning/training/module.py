@@ -32,14 +32,15 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
 from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs, pack_step
-from ggpo_lightning.core.distributed import all_gather_objects, reduce_step_metrics, world
+from ggpo_lightning.core.distributed import reduce_step_metrics, world
 from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.logprobs import supports_packed
 from ggpo_lightning.core.metrics import step_metrics
+from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_forward, plan_step,
+                                            two_pass_loss)
 from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective
+from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
-from ggpo_lightning.models.checkpoint import (CHECKPOINT_KEY, RunState, check_fingerprint, current_rank_state,
-                                              restore_rank_state, run_fingerprint)
 from ggpo_lightning.models.export import Writer, export_targets
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.models.lora import LoraSettings
@@ -52,9 +53,10 @@ from ggpo_lightning.rollouts.group import GroupRollout
 from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig
 from ggpo_lightning.rollouts.source import RolloutBatch, make_source
 from ggpo_lightning.training.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
+from ggpo_lightning.training.checkpoint_hooks import CheckpointHooks
 from ggpo_lightning.training.data import TrainingBatch
 from ggpo_lightning.training.hooks import NanGuard, UpdateHooks
-from ggpo_lightning.training.settings import check_settings, run_settings
+from ggpo_lightning.training.settings import check_settings
 
 __all__ = ["GGPOModule"]
 
@@ -65,7 +67,7 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
 
 
-class GGPOModule(UpdateHooks):
+class GGPOModule(CheckpointHooks, UpdateHooks):
     """Off-policy RL fine-tuning of a causal LM with verifiable rewards.
 
     Args:
@@ -95,6 +97,10 @@ class GGPOModule(UpdateHooks):
             (instruction-tuned models); False = the prompt text as it is (base models).
         lora: train a LoRA adapter on the frozen base instead of all weights (needs
             ``peft``; see :mod:`ggpo_lightning.models.lora`).
+        micro_batch: ``max_tokens``: padded tokens per micro-batch (activation memory bounded by it, gradients
+            exact: :mod:`ggpo_lightning.core.microbatch`); None = the whole step in one pass.
+        lr_scheduler: warmup and constant / linear / cosine decay of the optimizer's learning rate
+            (:mod:`ggpo_lightning.core.schedule`); None = constant, no scheduler.
     """
 
     resume_mismatch_ok = False
@@ -117,14 +123,18 @@ class GGPOModule(UpdateHooks):
         max_nan_steps: int = 10,
         chat_template: bool = False,
         lora: LoraSettings | None = None,
+        micro_batch: MicroBatchConfig | None = None,
+        lr_scheduler: LRScheduleConfig | None = None,
     ) -> None:
         super().__init__()
         self.objective_config = objective or ObjectiveConfig()
         self.rollout_config = rollout or RolloutConfig()
         self.eval_config = eval or EvalConfig()
+        self.micro_batch, self.lr_schedule = micro_batch or MicroBatchConfig(), lr_scheduler
         self.verifier_health = VerifierHealth(verifier_health or VerifierHealthConfig())
         check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, verifier_timeout,
-                       self.verifier_health.config, ref_refresh_every, max_nan_steps, lora)
+                       self.verifier_health.config, ref_refresh_every, max_nan_steps, lora, self.micro_batch,
+                       lr_scheduler)
         self.objective = get_objective(self.objective_config.name)
         self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
         self.ref_refresh_every, self.optimizer_factory = ref_refresh_every, optimizer
@@ -149,7 +159,6 @@ class GGPOModule(UpdateHooks):
         self.source = make_source(self.rollout_config, self.group_rollout, self.policy.engine_weights)
         self.reference_cache = ReferenceLogprobCache()
         self.nan_guard = NanGuard(max_nan_steps)
-        self._resync_engine = False  # set by a checkpoint that left the engine's weights to the learner's
 
     @property
     def engine(self) -> RolloutEngine:
@@ -209,9 +218,6 @@ class GGPOModule(UpdateHooks):
         self.policy.shard(self.device_mesh, bf16_mixed=str(self.trainer.precision) == "bf16-mixed")
         self.engine.to(self.device)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optimizer_factory(self.policy.trainable_parameters())
-
     def configure_callbacks(self) -> list[L.Callback]:
         # Callbacks, not module hooks: Lightning runs checkpoint callbacks last, so a checkpoint
         # taken at step s already holds the engine and reference as updated at step s.
@@ -230,11 +236,19 @@ class GGPOModule(UpdateHooks):
         step: TrainingBatch = next(dataloader_iter)[0]
         start = time.perf_counter()
         batch = self.pack(step.groups)
-        loss, inputs = self.step_loss(batch)
+        plan = plan_step(batch, self.micro_batch.max_tokens) if self.micro_batch.max_tokens else None
+        if plan is None:  # one pass: the step's activations all at once
+            loss, inputs = self.step_loss(batch)
+        else:  # the loss and its coefficients first, then one micro-batch's activations at a time
+            loss, inputs, coefficients = two_pass_loss(self.learner, batch, plan, self.logprob_chunk_size,
+                                                       self.step_loss)
         metrics = self.step_metrics(batch, inputs, loss, step.rollout)
         if not torch.isfinite(metrics["loss"]):  # the mean over ranks: every rank skips the same steps
             return self._skip_nan_step()
         self.nan_guard.passed()
+        if plan is not None:  # all micro-batches but the last back-propagated here, the last by Lightning
+            loss = backward_micro_batches(self.learner, batch, plan, coefficients, self.logprob_chunk_size,
+                                          lambda surrogate: self.trainer.strategy.backward(surrogate, None))
         size = len(step.groups)
         for name in ("loss", "reward", "staleness"):
             self.log(f"train/{name}", metrics.pop(name), prog_bar=True, batch_size=size)
@@ -245,30 +259,38 @@ class GGPOModule(UpdateHooks):
 
     def pack(self, groups) -> StepBatch:
         """The step's groups as tensors on this device (with what the objective needs)."""
-        return pack_step(groups, self.tokenizer.pad_token_id, self.device, self.shared_prefix,
-                         require_behavior_logp=self.objective.uses_behavior_logp)
+        # micro-batches take padded rows (a group may span several): no shared-prefix rows then
+        return pack_step(groups, self.tokenizer.pad_token_id, self.device,
+                         self.shared_prefix and not self.micro_batch.max_tokens,
+                         require_behavior_logp=self.objective.uses_behavior_logp,
+                         mask_truncated=self.rollout_config.truncation == "mask")
 
-    def step_loss(self, batch: StepBatch) -> tuple[Tensor, ObjectiveInputs]:
+    def step_loss(self, batch: StepBatch, token_logp: Tensor | None = None) -> tuple[Tensor, ObjectiveInputs]:
         """The objective's loss on ``batch``, plus ``lambda`` times the behavior anchor when it is on
-        (``docs/METHOD.md#the-behavior-anchor``), and the inputs it was computed from: learner log-probs (with
-        gradient) and reference log-probs (without; cached per group until the next refresh)."""
-        token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
+        (``docs/METHOD.md#the-behavior-anchor``), and the inputs it was computed from: the learner's token
+        log-probs ``[B, L]`` (computed here with gradient when not given) and the reference's (without; cached per
+        group until the next refresh; micro-batched under ``model.micro_batch``)."""
+        if token_logp is None:
+            token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
+        budget, chunk = self.micro_batch.max_tokens, self.logprob_chunk_size
+        forward = micro_batched_forward(budget, chunk, collective=self.policy.sharded) if budget else None
         with self.policy.reference_model() as reference, torch.no_grad():
             ref_token_logp = self.reference_cache.token_logprobs(reference, batch, self.tokenizer.pad_token_id,
-                                                                 self.logprob_chunk_size)  # [B, L]
+                                                                 chunk, forward)  # [B, L]
         inputs = objective_inputs(batch, token_logp, ref_token_logp, self.objective.level)
         loss = self.objective.loss(inputs, self.objective_config)
         if self.anchor_weight:
-            loss = loss + self.anchor_weight * behavior_anchor(inputs.logp, inputs.mask)
+            loss = loss + self.anchor_weight * behavior_anchor(inputs.logp, batch.present_mask)  # all of mu's samples
         return loss, inputs
 
     def step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor,
                      rollout: RolloutBatch) -> dict[str, Tensor]:
         """The step's metrics and its rollout's, reduced over ranks; the verifier's health checked on the reduced
         counts (the same on every rank: every rank aborts at the same step, or none does)."""
-        metrics = step_metrics(inputs, loss, batch.versions, self.global_step, self.objective_config.beta)
+        metrics = step_metrics(inputs, loss, batch, self.global_step, self.objective_config.beta)
         metrics.update({k: torch.tensor(v) for k, v in rollout.metrics().items()})
         metrics["generated_samples"] = torch.tensor(float(self.generated_samples))  # cumulative: x-axis of efficiency
+        metrics["lr"] = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])  # what this update uses
         metrics = reduce_step_metrics(metrics, self.device)
         verifier = {k.removeprefix("verifier/"): float(v) for k, v in metrics.items() if k.startswith("verifier/")}
         self.verifier_health.check_step(verifier, self.global_step, rollout.counts.verify_seconds)
@@ -313,36 +335,3 @@ class GGPOModule(UpdateHooks):
     def exports(self, run_dir: Path) -> dict[Path, Writer]:
         """The final export's folders and their writers (:func:`~ggpo_lightning.models.export.export_targets`)."""
         return export_targets(self.policy, self.tokenizer, self.model_name_or_path, run_dir)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Called on every rank; Lightning writes rank 0's dict, so the per-rank state is gathered into it.
-        ranks = all_gather_objects(current_rank_state(self.generated_samples))
-        version, state = self.source.engine_checkpoint(self.global_step)
-        checkpoint[CHECKPOINT_KEY] = RunState(self.model_name_or_path, version, state, self.nan_guard.total, ranks,
-                                              self.policy.lora_state(), self.run_fingerprint()).to_dict()
-
-    def run_fingerprint(self) -> dict[str, Any]:
-        """What a resume must match (:func:`~ggpo_lightning.models.checkpoint.run_fingerprint`): the settings that
-        define the run and, with a DataModule attached, the training data's fingerprint."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        settings = run_settings(self.objective_config, self.rollout_config, self.model_name_or_path,
-                                getattr(datamodule, "prompts_per_step", None))
-        return run_fingerprint(settings, datamodule.fingerprint() if datamodule is not None else None)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = RunState.from_dict(checkpoint[CHECKPOINT_KEY])
-        # the specific LoRA/base check first: its message says which model to load
-        self.policy.check_resumable(state, self.model_name_or_path)
-        check_fingerprint(state, self.run_fingerprint(), self.resume_mismatch_ok)
-        self._resync_engine = self.source.restore_engine(state.engine_state, state.engine_version)
-        self.nan_guard.total = state.nan_steps
-        self.group_rollout.generated_samples = restore_rank_state(state.ranks)
-        if state.lora is not None:
-            self.policy.lora_merges = state.lora.merges
-
-    def on_train_start(self) -> None:
-        if self._resync_engine:
-            self.sync_rollout_engine()  # at the restored step: the checkpoint's engine_version
-            self._resync_engine = False

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.rollouts.config import RolloutConfig
@@ -13,12 +15,13 @@ __all__ = ["check_settings", "run_settings"]
 
 def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
                    verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
-                   ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None) -> None:
+                   ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None,
+                   micro_batch: MicroBatchConfig, lr_schedule: LRScheduleConfig | None) -> None:
     """Raise one ValueError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
     from ggpo_verifiers import verifier_class
 
     errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
-    errors += health.errors()
+    errors += health.errors() + micro_batch.errors() + (lr_schedule.errors() if lr_schedule else [])
     name = verifier if isinstance(verifier, str) else verifier.get("class_path") if isinstance(verifier, dict) else None
     if name is not None:
         try:  # a registered name, an entry point or a class path, as get_verifier accepts

@@ -95,7 +95,7 @@ def test_step_metrics_against_hand_values():
     batch = pack_step(groups(), PAD, torch.device("cpu"))
     token = batch.target_mask.float() * -1.0
     inputs = objective_inputs(batch, token, batch.target_mask.float() * -1.0, "sequence")
-    metrics = step_metrics(inputs, torch.tensor(0.25), batch.versions, step=5, beta=0.04)
+    metrics = step_metrics(inputs, torch.tensor(0.25), batch, step=5, beta=0.04)
     assert metrics["loss"].item() == 0.25
     assert metrics["reward"].item() == pytest.approx(2 / 5)  # two correct of five present responses
     assert metrics["accuracy"].item() == pytest.approx(2 / 5)

@@ -168,6 +168,16 @@ def test_two_processes_train_as_one_on_the_same_groups(workload, single, two_pro
     assert_same_weights({k: v for k, v in evaluated.state_dict().items() if k in final}, final)
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_micro_batched_ranks_train_as_one_single_pass_process(workload, single, strategy):
+    """Two ranks with a budget of 16 tokens (one or two responses per micro-batch, groups split across them) end
+    where the single process without micro-batching did; unequal counts are padded (tests/core/test_microbatch.py)."""
+    run = train(workload, f"{strategy}-micro", *(FSDP if strategy == "fsdp" else DDP),
+                overrides=("--model.micro_batch.max_tokens", "16"))
+    torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(single)), rtol=1e-5, atol=1e-6)
+    assert_same_weights(weights(run), weights(single), atol=1e-5)
+
+
 def test_a_folder_that_is_not_a_sharded_checkpoint_is_named(tmp_path):
     (tmp_path / "x.ckpt").mkdir()
     with pytest.raises(ValueError, match=r"x.ckpt is a folder but not a sharded checkpoint"):

@@ -1,0 +1,111 @@
+"""Peak memory of one training step, single pass vs micro-batched, as the batch grows.
+
+Each point runs in a fresh process: a randomly initialised Qwen3-architecture model (default ~30M parameters,
+a small vocabulary), its frozen reference copy, ``P`` prompts x K responses of ``--response-tokens`` random tokens,
+one GGPO step (learner log-probs, reference log-probs, loss, backward) either in one pass or in micro-batches of
+``--max-tokens`` padded tokens (:mod:`ggpo_lightning.core.microbatch`). Printed per point: peak RSS minus the RSS
+after loading the models (the step's own memory: activations, logits chunks, gradients) and the step time.
+
+    python benchmarks/step_memory.py                        # P in 2 4 8, K=8, 256 tokens, ~30M parameters
+    python benchmarks/step_memory.py --prompts 2 4 --hidden 64 --layers 2 --response-tokens 32   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ggpo_lightning.core.batch import batch_token_logprobs, objective_inputs, pack_step
+    from ggpo_lightning.core.microbatch import backward_micro_batches, plan_step, two_pass_loss
+    from ggpo_lightning.core.objectives import ObjectiveConfig, get_objective
+    from ggpo_lightning.testing import make_group
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    prompts = args.prompts[0]
+    config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64 or 1,
+                         num_key_value_heads=max(1, args.hidden // 128), head_dim=64,
+                         max_position_embeddings=args.response_tokens + 64, tie_word_embeddings=True)
+    learner = Qwen3ForCausalLM(config).train()
+    reference = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+    reference.load_state_dict(learner.state_dict())
+    groups = [make_group(torch.randint(4, args.vocab, (32,)).tolist(),
+                         [torch.randint(4, args.vocab, (args.response_tokens,)).tolist() for _ in range(args.k)],
+                         [float(i % 2) for i in range(args.k)], prompt_id=f"p{g}") for g in range(prompts)]
+    batch = pack_step(groups, 0, torch.device("cpu"))
+    objective, settings = get_objective("ggpo"), ObjectiveConfig(beta=0.04)
+
+    def loss_of(b, token_logp):
+        with torch.no_grad():
+            ref = batch_token_logprobs(reference, b, args.chunk)
+        inputs = objective_inputs(b, token_logp, ref, "sequence")
+        return objective.loss(inputs, settings), inputs
+
+    base = rss_mb()
+    start = time.perf_counter()
+    if args.max_tokens:
+        plan = plan_step(batch, args.max_tokens)
+        _, _, coefficients = two_pass_loss(learner, batch, plan, args.chunk, loss_of)
+        backward_micro_batches(learner, batch, plan, coefficients, args.chunk, lambda s: s.backward()).backward()
+    else:
+        loss, _ = loss_of(batch, batch_token_logprobs(learner, batch, args.chunk))
+        loss.backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    parameters = sum(p.numel() for p in learner.parameters())
+    return {"prompts": prompts, "max_tokens": args.max_tokens, "step_mb": round(peak - base, 1),
+            "seconds": round(seconds, 2), "parameters_m": round(parameters / 1e6, 1),
+            "tokens": int(batch.attention_mask.sum())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--response-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="the micro-batched runs' budget")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    rows = []
+    for prompts in args.prompts:
+        for budget in (0, args.max_tokens):
+            command = [sys.executable, __file__, "--worker", "--prompts", str(prompts), "--k", str(args.k),
+                       "--response-tokens", str(args.response_tokens), "--max-tokens", str(budget),
+                       "--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab),
+                       "--chunk", str(args.chunk)]
+            result = subprocess.run(command, capture_output=True, text=True, check=True)
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            row = rows[-1]
+            print(f"P={prompts:2d} K={args.k} {'one pass' if not budget else f'max_tokens {budget}':>16}: "
+                  f"step memory {row['step_mb']:8.1f} MB, {row['seconds']:7.2f} s ({row['tokens']} tokens, "
+                  f"{row['parameters_m']}M parameters)", flush=True)
+    single = [r["step_mb"] for r in rows if not r["max_tokens"]]
+    micro = [r["step_mb"] for r in rows if r["max_tokens"]]
+    print(f"one pass: {min(single):.0f}..{max(single):.0f} MB (x{max(single) / max(min(single), 1e-9):.2f}); "
+          f"micro-batched: {min(micro):.0f}..{max(micro):.0f} MB (x{max(micro) / max(min(micro), 1e-9):.2f})")
+
+
+if __name__ == "__main__":
+    main()
