@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
@@ -131,7 +132,7 @@ def check_devices(accelerator: Any, devices: Any) -> None:
         return
     fix = (f"set --trainer.devices {available} (data.prompts_per_step stays the whole step's prompts)" if available
            else "set --trainer.accelerator cpu")
-    raise ValueError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
+    raise SettingsError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
                      "or run on a machine with more")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.core.objectives import ObjectiveConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig
 from ggpo_lightning.models.lora import LoraSettings
@@ -14,7 +15,7 @@ __all__ = ["check_settings", "run_settings"]
 def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
                    verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
                    ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None) -> None:
-    """Raise one ValueError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
+    """Raise one SettingsError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
     from ggpo_verifiers import verifier_class
 
     errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
@@ -32,7 +33,7 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
     if max_nan_steps < 1:
         errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
     if errors:
-        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
 def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_or_path: str,
