@@ -55,7 +55,7 @@ class GGPOTrainCLI(LightningCLI):
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
         parser.add_argument("--resume_mismatch_ok", type=bool, default=False,
-                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, "
+                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, rollout schedule, "
                                  "prompts_per_step, model) or training data differ from this run's, with a warning "
                                  "instead of an error.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,

@@ -26,8 +26,9 @@ from torch import Tensor
 from ggpo_lightning.records.errors import CheckpointError, ResumeError
 from ggpo_lightning.core.distributed import world
 
-__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "LoraState", "RankState", "RunState", "check_fingerprint",
-           "current_rank_state", "fingerprint_differences", "learner_weights", "read_checkpoint", "restore_rank_state", "run_fingerprint"]
+__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "SETTINGS_ADDED", "LoraState", "RankState", "RunState",
+           "check_fingerprint", "current_rank_state", "fingerprint_differences", "learner_weights", "read_checkpoint",
+           "restore_rank_state", "run_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,14 @@ class RunState:
                    fingerprint=state.get("fingerprint"), schema=schema)
 
 
+SETTINGS_ADDED = {"model.rollout.schedule": "sync"}
+"""Fingerprint settings added after checkpoints were written without them, with the value those runs had (a
+checkpoint from before ``model.rollout.schedule`` was fingerprinted ran the sync schedule)."""
+
+
 def run_fingerprint(settings: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
-    """The checkpoint's record of what defines its run: ``settings`` (objective, beta, k, sync_every,
-    prompts_per_step, model base; recipe key -> value) and ``data``, the training data's fingerprint
+    """The checkpoint's record of what defines its run: ``settings`` (objective, beta, k, sync_every, rollout
+    schedule, prompts_per_step, model base; recipe key -> value) and ``data``, the training data's fingerprint
     (``PromptGroupDataModule.fingerprint``: source, bytes, rows, SHA-256 of the rows in order)."""
     return {"settings": dict(settings), "data": None if data is None else dict(data)}
 
@@ -110,6 +116,8 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
     differences = []
     for part in ("settings", "data"):
         old, new = saved.get(part) or {}, current.get(part) or {}
+        if part == "settings":  # a key added since: what a run saved without it had
+            old, new = {**SETTINGS_ADDED, **old}, {**SETTINGS_ADDED, **new}
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 name = key if part == "settings" else f"training data {key}"

@@ -8,7 +8,8 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   the prompt files (exist, UTF-8, JSON objects, non-empty prompts; errors name
   ``file:line``) and the behavior buffer file;
 - the optimizer's learning rate;
-- ``model.rollout.schedule: async`` against the data mode and the number of processes;
+- ``model.rollout.schedule: async`` against the data mode and the number of processes, and the separate vLLM
+  engine against the number of processes;
 - every prompt's token length against the model's context minus ``max_new_tokens``
   (the tokenizer and ``config.json`` load, the weights do not);
 - the token ids of a behavior buffer against the model's vocabulary;
@@ -32,7 +33,8 @@ from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import check_checkpoint
 from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.records.prompts import PromptRow
-from ggpo_lightning.rollouts.config import SamplingConfig
+from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.rollouts.group import encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
@@ -43,7 +45,7 @@ __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens"]
 def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     """Raise the first problem of the recipe ``config`` (a plain dict) that needs no model weights to find."""
     _check_optimizer(config["model"].get("optimizer"))
-    _check_async(config)
+    _check_processes(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     datamodule.load_rows()
     model = config["model"]
@@ -67,15 +69,19 @@ def _check_optimizer(optimizer: Any) -> None:
         raise SettingsError(f"model.optimizer.init_args.lr must be > 0, got {lr}")
 
 
-def _check_async(config: dict[str, Any]) -> None:
-    """``model.rollout.schedule: async`` with what it does not run with (its own settings: ``RolloutConfig.errors``)."""
-    if ((config["model"].get("rollout") or {}).get("schedule")) != "async":
-        return
+def _check_processes(config: dict[str, Any]) -> None:
+    """``model.rollout.schedule: async`` and the separate vLLM engine with what they do not run with (their own
+    settings: ``RolloutConfig.errors``): several processes, offline data."""
+    rollout = config["model"].get("rollout") or {}
     trainer = config.get("trainer") or {}
     processes = 1
     for count in (str(trainer.get("devices")), str(trainer.get("num_nodes"))):  # "auto" and device lists pass
         processes *= int(count) if count.isdigit() else 1
-    errors = async_run_errors(config["data"].get("mode") or "online", processes)
+    placement = RolloutConfig(engine=rollout.get("engine") or "hf",
+                              vllm_placement=rollout.get("vllm_placement") or "colocated")
+    errors = placement_run_errors(placement, processes)
+    if rollout.get("schedule") == "async":
+        errors += async_run_errors(config["data"].get("mode") or "online", processes)
     if errors:
         raise SettingsError(errors[0])
 

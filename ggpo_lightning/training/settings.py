@@ -42,4 +42,5 @@ def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_
     :func:`~ggpo_lightning.models.checkpoint.run_fingerprint`)."""
     return {"model.objective.name": objective.name, "model.objective.beta": objective.beta,
             "model.rollout.k": rollout.k, "model.rollout.sync_every": rollout.sync_every,
+            "model.rollout.schedule": rollout.schedule,
             "model.model_name_or_path": model_name_or_path, "data.prompts_per_step": prompts_per_step}
