@@ -39,7 +39,7 @@ def build_quickstart_inputs(config: Any) -> None:
         train_path = config["data"].get("train_path")
         if train_path is None:
             raise SettingsError("synthetic_data is generated into the folder of data.train_path; set data.train_path "
-                             "(e.g. runs/quickstart/data/train.jsonl)")
+                                "(e.g. runs/quickstart/data/train.jsonl)")
         if not Path(train_path).is_file():
             settings = synthetic_data_config(config)
             write_splits(settings.task, Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)
@@ -61,12 +61,12 @@ def tiny_model_config(config: Any) -> TinyModelConfig:
     settings = _plain(config["tiny_model"])
     if config.get("synthetic_data") is None:
         raise SettingsError("tiny_model needs synthetic_data: the tiny model's warm-up teaches the synthetic task; "
-                         "set synthetic_data or drop tiny_model and give model.model_name_or_path a model folder")
+                            "set synthetic_data or drop tiny_model and give model.model_name_or_path a model folder")
     task = _plain(_plain(config["synthetic_data"])["task"])
     given = settings.pop("task", None)
     if given not in (None, asdict(ArithmeticTask()), task):
         raise SettingsError(f"tiny_model.task {given} differs from synthetic_data.task {task}: the warm-up uses "
-                         "synthetic_data.task; remove tiny_model.task")
+                            "synthetic_data.task; remove tiny_model.task")
     return TinyModelConfig(**settings, task=ArithmeticTask(**task))
 
 

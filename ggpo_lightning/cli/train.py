@@ -55,9 +55,9 @@ class GGPOTrainCLI(LightningCLI):
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
         parser.add_argument("--resume_mismatch_ok", type=bool, default=False,
-                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, rollout schedule, "
-                                 "prompts_per_step, model) or training data differ from this run's, with a warning "
-                                 "instead of an error.")
+                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, rollout "
+                                 "schedule, prompts_per_step, model) or training data differ from this run's, with a "
+                                 "warning instead of an error.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "synthetic_data.task) at model.model_name_or_path when that folder does not exist: "
@@ -133,7 +133,7 @@ def check_devices(accelerator: Any, devices: Any) -> None:
     fix = (f"set --trainer.devices {available} (data.prompts_per_step stays the whole step's prompts)" if available
            else "set --trainer.accelerator cpu")
     raise SettingsError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
-                     "or run on a machine with more")
+                        "or run on a machine with more")
 
 
 def _recipe_name(config_paths: list) -> str | None:

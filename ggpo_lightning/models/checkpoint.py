@@ -89,7 +89,7 @@ class RunState:
         schema = state.get("schema", 1)
         if schema > SCHEMA_VERSION:
             raise CheckpointError(f"the checkpoint has schema {schema}, newer than this ggpo-lightning reads "
-                             f"({SCHEMA_VERSION}); upgrade ggpo-lightning")
+                                  f"({SCHEMA_VERSION}); upgrade ggpo-lightning")
         # schema 1 before per-rank state: one process's state at the top level
         ranks = state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}]
         lora = state.get("lora")
@@ -139,7 +139,7 @@ def check_fingerprint(state: RunState, current: dict[str, Any], mismatch_ok: boo
     listed = "\n  ".join(differences)
     if not mismatch_ok:
         raise ResumeError(f"the checkpoint was written by a different run:\n  {listed}\nresume with the settings "
-                         "and data it was trained with, or pass --resume_mismatch_ok true to continue anyway")
+                          "and data it was trained with, or pass --resume_mismatch_ok true to continue anyway")
     log.warning("resuming a checkpoint of a different run (--resume_mismatch_ok):\n  %s", listed)
 
 

@@ -52,7 +52,7 @@ def _resolve_source(name_or_path: str | Path, kwargs: dict[str, Any], marker_fil
         return str(local)
     if isinstance(name_or_path, Path) or looks_like_path(name):
         raise MissingFileError(f"model folder {name!r} does not exist (resolved to {local.resolve()}); "
-                                f"check the path, or build it first")
+                               f"check the path, or build it first")
     offline = is_offline_mode() or kwargs.get("local_files_only", False)
     if offline and not _in_hub_cache(name, marker_files, kwargs):
         raise OSError(f"{name!r} is neither a local folder nor a model in the Hugging Face cache, and downloads "
@@ -72,7 +72,7 @@ def load_tokenizer(name_or_path: str | Path, **kwargs: Any) -> PreTrainedTokeniz
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise SettingsError(f"the tokenizer of {name_or_path} has neither a pad nor an eos token; "
-                             f"set tokenizer.pad_token before batching")
+                                f"set tokenizer.pad_token before batching")
         warnings.warn(f"the tokenizer of {name_or_path} has no pad token; padding with its eos token "
                       f"{tokenizer.eos_token!r}", stacklevel=2)
         tokenizer.pad_token = tokenizer.eos_token

@@ -213,11 +213,11 @@ class RolloutGroup:
         missing = [name for name in _REQUIRED_FIELDS if name not in data]
         if missing:
             raise DataError(f"{where}: missing field(s) {', '.join(missing)}; required fields are "
-                             f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs is optional)")
+                            f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs is optional)")
         unknown = sorted(map(str, set(data) - set(_FIELDS)))
         if unknown:
             raise DataError(f"{where}: unknown field(s) {', '.join(unknown)}; "
-                             f"valid fields are {', '.join(_FIELDS)}")
+                            f"valid fields are {', '.join(_FIELDS)}")
         return cls(**data)
 
 
@@ -513,7 +513,7 @@ def _check_header(record: Mapping[str, Any], where: str) -> None:
         raise DataError(f"{where}: not a behavior buffer (format {found!r}, expected {FORMAT!r})")
     if record.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{where}: unsupported format_version {record.get('format_version')!r}; "
-                         f"this version of ggpo-lightning reads format_version {FORMAT_VERSION}")
+                        f"this version of ggpo-lightning reads format_version {FORMAT_VERSION}")
 
 
 def _read_groups(path: Path) -> list[RolloutGroup]:

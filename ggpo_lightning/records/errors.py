@@ -5,7 +5,8 @@ Each is also a ``ValueError``, as the checks raised before these types existed."
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "DataError", "DiskFullError", "MissingFileError", "ResumeError", "SettingsError", "UserError"]
+__all__ = ["CheckpointError", "DataError", "DiskFullError", "MissingFileError", "ResumeError", "SettingsError",
+           "UserError"]
 
 
 class UserError(Exception):

@@ -46,7 +46,7 @@ def read_records(path: Path) -> Iterator[tuple[int, dict]]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(f"{path}:{number}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                                 "re-encode the file as UTF-8") from None
+                                "re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -43,7 +43,8 @@ class SamplingConfig:
         if not 0 < self.top_p <= 1:
             raise SettingsError(f"model.rollout.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1 or self.generation_batch_size < 1:
-            raise SettingsError("model.rollout.sampling.max_new_tokens and model.rollout.sampling.generation_batch_size must be >= 1")
+            raise SettingsError("model.rollout.sampling.max_new_tokens and "
+                                "model.rollout.sampling.generation_batch_size must be >= 1")
 
 
 @dataclass

@@ -192,7 +192,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         _, world_size = world()
         if self.prompts_per_step % world_size:
             raise SettingsError(f"data.prompts_per_step ({self.prompts_per_step}) must be a multiple of the number of "
-                             f"processes ({world_size}): each rank trains on an equal share of the step's groups")
+                                f"processes ({world_size}): each rank trains on an equal share of the step's groups")
         self.load_rows()
 
     def load_rows(self) -> None:
@@ -201,10 +201,10 @@ class PromptGroupDataModule(L.LightningDataModule):
         ``ggpo-train`` calls it before any model loads (:mod:`~ggpo_lightning.training.preflight`)."""
         if self.train_path is not None and not Path(self.train_path).is_file():
             raise MissingFileError(f"data.train_path {self.train_path} does not exist; check the path (or, for the "
-                                    "synthetic task, set synthetic_data to generate it there)")
+                                   "synthetic task, set synthetic_data to generate it there)")
         if self.buffer_path is not None and not Path(self.buffer_path).is_file():
             raise MissingFileError(f"data.buffer_path {self.buffer_path} does not exist; give a behavior buffer "
-                                    "JSONL file (a run's behavior_buffer.jsonl)")
+                                   "JSONL file (a run's behavior_buffer.jsonl)")
         if not self.train_rows:
             self.train_rows = self._load(self.train_path, self.dataset["train_split"])
         if not self.val_rows:

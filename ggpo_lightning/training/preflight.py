@@ -126,8 +126,9 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
         return
     room = context - max_new_tokens
     if room < 1:
-        raise SettingsError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context of "
-                         f"{context} tokens; lower model.rollout.sampling.max_new_tokens / model.eval.max_new_tokens")
+        raise SettingsError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
+                            f"of {context} tokens; lower model.rollout.sampling.max_new_tokens / "
+                            "model.eval.max_new_tokens")
     overhead = len(encode_prompt(tokenizer, "", chat_template))
     longest = max(map(len, tokenizer.get_vocab()), default=1)
     for row in rows:
@@ -140,8 +141,8 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
             if length <= room:
                 continue
         raise DataError(f"{row.source}: the prompt is {length} tokens; with max_new_tokens {max_new_tokens} "
-                         f"it exceeds the model's context of {context} tokens (at most {room} prompt tokens); "
-                         "shorten or drop the row, or lower max_new_tokens")
+                        f"it exceeds the model's context of {context} tokens (at most {room} prompt tokens); "
+                        "shorten or drop the row, or lower max_new_tokens")
 
 
 def check_buffer_tokens(path: str | Path, vocab_size: int) -> None:
@@ -151,5 +152,5 @@ def check_buffer_tokens(path: str | Path, vocab_size: int) -> None:
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
                 raise DataError(f"{path}: group {group.prompt_id!r} has token id {bad[0]}, outside the model's "
-                                 f"vocabulary of {vocab_size}: the buffer was made with another tokenizer; "
-                                 "regenerate it with this model")
+                                f"vocabulary of {vocab_size}: the buffer was made with another tokenizer; "
+                                "regenerate it with this model")

@@ -4,8 +4,8 @@
         [signal_step=K:NAME] [record_batches=PATH] -- <ggpo-train arguments>
 
 ``kill_save``: during the K-th checkpoint save, after FRACTION of its bytes reached the
-temporary file; ``enospc_save``: the K-th checkpoint save fails with "No space left on device" (``OSError(ENOSPC)``) after
-BYTES bytes, and every later one at its first byte, as a full disk would;
+temporary file; ``enospc_save``: the K-th checkpoint save fails with "No space left on device"
+(``OSError(ENOSPC)``) after BYTES bytes, and every later one at its first byte, as a full disk would;
 ``kill_step``: at the start of the training step at global step K;
 ``kill_rollout``: in the middle of the K-th rollout (after generation, before scoring);
 ``signal_step``: the process sends itself signal NAME (``SIGINT``, ``SIGTERM``) at the start
