@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,19 +288,26 @@ def test_two_nodes_through_torchrun_train_as_one_node_with_two_processes(workloa
     arguments, env = command(workload, "two-nodes", *FSDP, overrides=("--trainer.devices", "1",
                                                                      "--trainer.num_nodes", "2"))
     port = str(free_port())
+    logs = [workload.root / "two-nodes" / f"node{node}.log" for node in (0, 1)]
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
                                "1", "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", port,
                                "-m", "ggpo_lightning.cli.train", *arguments],
-                              env=env, cwd=workload.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for node in (0, 1)]
-    outputs = []
-    try:
-        for node in nodes:
-            outputs.append(node.communicate(timeout=300)[0])
+                              env=env, cwd=workload.root, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+             for node, log in zip((0, 1), logs)]
+    deadline = time.monotonic() + 300
+    try:  # a node that fails leaves the other waiting in a collective: stop at the first failure
+        while time.monotonic() < deadline and any(node.poll() is None for node in nodes):
+            if any(node.returncode not in (None, 0) for node in nodes):
+                break
+            try:
+                nodes[0].wait(timeout=1) if nodes[0].returncode is None else nodes[1].wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         for node in nodes:
-            node.kill()  # no-op for a finished one; no stray rank left behind on a timeout
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-4000:] for out in outputs)
+            node.kill()  # no-op for a finished one; no stray rank left behind
+            node.wait()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
     run = workload.root / "two-nodes" / "run" / "version_0"
     assert sorted(p.name for p in run.parent.iterdir()) == [".version_0.lock", "version_0"]  # one lock, one folder
     assert sorted(trace(run)) == [0, 1]
