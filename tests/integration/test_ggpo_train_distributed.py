@@ -8,6 +8,7 @@ and their losses and updated weights must agree to float tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -280,37 +281,62 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def two_nodes(arguments: list[str], env: dict[str, str], cwd: Path, logs: list[Path]) -> list[int]:
+    """``ggpo-train arguments`` as two "nodes" of one process each on localhost (torchrun, ``--nnodes 2``, the
+    rendezvous on loopback), each node's output into its log; the exit codes. A node that fails leaves the
+    other waiting in a collective: both are stopped at the first failure (or after 300 s)."""
+    port = str(free_port())
+    with contextlib.ExitStack() as files:
+        nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                   "--nproc_per_node", "1", "--node_rank", str(node), "--master_addr", "127.0.0.1",
+                                   "--master_port", port, "-m", "ggpo_lightning.cli.train", *arguments],
+                                  env=env, cwd=cwd, stdout=files.enter_context(open(log, "w")),
+                                  stderr=subprocess.STDOUT)
+                 for node, log in zip((0, 1), logs)]
+        deadline = time.monotonic() + 300
+        try:
+            while time.monotonic() < deadline and any(node.poll() is None for node in nodes):
+                if any(node.returncode not in (None, 0) for node in nodes):
+                    break
+                try:  # a bounded wait on a running node, not a sleep
+                    next(node for node in nodes if node.returncode is None).wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for node in nodes:
+                node.kill()  # no-op for a finished one; no stray rank left behind
+                node.wait()
+    return [node.returncode for node in nodes]
+
+
 @pytest.mark.slow
 def test_two_nodes_through_torchrun_train_as_one_node_with_two_processes(workload, two_process_run):
-    """Two "nodes" of one process each on localhost (torchrun, ``--nnodes 2``, the rendezvous on loopback): the
-    FSDP2 recipe trains to the same losses and weights as one node with two processes; only node 0 locks the
-    run directory (node 1's launcher sets ``GROUP_RANK=1``, not ``NODE_RANK``), so no second version folder."""
-    arguments, env = command(workload, "two-nodes", *FSDP, overrides=("--trainer.devices", "1",
-                                                                     "--trainer.num_nodes", "2"))
-    port = str(free_port())
+    """Two "nodes" of one process each (:func:`two_nodes`): the FSDP2 recipe trains to the same losses and weights
+    as one node with two processes; only node 0 locks the run directory (node 1's launcher sets ``GROUP_RANK=1``,
+    not ``NODE_RANK``), so no second lock or version folder. Then a resume from one of its sharded checkpoints
+    with a flipped bit in one shard: each rank hashes its share, the verdict is gathered, and both nodes stop
+    with the same error (neither waits in a collective)."""
+    nodes = ("--trainer.devices", "1", "--trainer.num_nodes", "2")
+    arguments, env = command(workload, "two-nodes", *FSDP, overrides=nodes)
     logs = [workload.root / "two-nodes" / f"node{node}.log" for node in (0, 1)]
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
-                               "1", "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", port,
-                               "-m", "ggpo_lightning.cli.train", *arguments],
-                              env=env, cwd=workload.root, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-             for node, log in zip((0, 1), logs)]
-    deadline = time.monotonic() + 300
-    try:  # a node that fails leaves the other waiting in a collective: stop at the first failure
-        while time.monotonic() < deadline and any(node.poll() is None for node in nodes):
-            if any(node.returncode not in (None, 0) for node in nodes):
-                break
-            try:
-                nodes[0].wait(timeout=1) if nodes[0].returncode is None else nodes[1].wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for node in nodes:
-            node.kill()  # no-op for a finished one; no stray rank left behind
-            node.wait()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
+    codes = two_nodes(arguments, env, workload.root, logs)
+    assert codes == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
     run = workload.root / "two-nodes" / "run" / "version_0"
     assert sorted(p.name for p in run.parent.iterdir()) == [".version_0.lock", "version_0"]  # one lock, one folder
     assert sorted(trace(run)) == [0, 1]
     one_node = two_process_run("fsdp")
     torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(one_node)), rtol=1e-5, atol=1e-6)
     assert_same_weights(weights(run), weights(one_node))
+
+    damaged = run / "checkpoints" / "epoch=0-step=2.ckpt"
+    shard = sorted(damaged.glob("*.distcp"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    arguments, env = command(workload, "two-nodes-resumed", *FSDP, overrides=(*nodes, "--ckpt_path", str(damaged)))
+    logs = [workload.root / "two-nodes-resumed" / f"node{node}.log" for node in (0, 1)]
+    codes = two_nodes(arguments, env, workload.root, logs)
+    outputs = [log.read_text() for log in logs]
+    assert all(code not in (0, None) for code in codes), codes
+    for out in outputs:  # every rank names the damaged shard, whichever rank hashed it
+        assert f"checkpoint {damaged} is damaged: {shard} does not match its checksum" in out, out[-4000:]
