@@ -89,11 +89,11 @@ def checksums(path: str | os.PathLike[str], only: Iterable[str] | None = None) -
     return {name: file_sha256(path / name if name else path) for name in names}
 
 
-def write_sidecar(path: str | os.PathLike[str], digests: dict[str, str], name: str | None = None) -> Path:
+def write_sidecar(path: str | os.PathLike[str], digests: dict[str, str]) -> Path:
     """Write ``path``'s sidecar atomically from ``digests`` (:func:`checksums`, possibly computed under a
-    temporary name); ``name`` is the file or folder name the lines refer to (default ``path``'s)."""
+    temporary name: the lines name ``path``)."""
     path = Path(path)
-    name = name or path.name
+    name = path.name
     lines = [f"{digest}  {name}/{rel}" if rel else f"{digest}  {name}" for rel, digest in sorted(digests.items())]
     target = sidecar(path)
     atomic_write_text(target, "\n".join(lines) + "\n")
@@ -114,9 +114,9 @@ def recorded(path: str | os.PathLike[str]) -> dict[str, str] | None:
     except FileNotFoundError:
         return None
     entries = {}
-    for line in text.splitlines():
+    for line in text.splitlines():  # "<hex>  NAME" or "<hex>  NAME/RELATIVE"; NAME may be a renamed copy's
         digest, _, name = line.partition("  ")
-        entries[name.removeprefix(path.name).lstrip("/")] = digest.strip()
+        entries[name.partition("/")[2]] = digest.strip()
     return entries
 
 

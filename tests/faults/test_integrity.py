@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from faultkit import orphans, run, run_dir, train_args, weights
 from ggpo_lightning.models.export import write_folder
 from ggpo_lightning.records.errors import CheckpointError
-from ggpo_lightning.records.integrity import Integrity, check_checkpoint, sidecar, verify, write_sidecar, checksums
+from ggpo_lightning.records.integrity import Integrity, check_checkpoint, checksums, sidecar, verify, write_sidecar
 from ggpo_lightning.cli.train import run_training
 
 
@@ -41,6 +41,14 @@ def test_every_checkpoint_has_a_sidecar_that_sha256sum_accepts(two_steps):
     assert names == ["epoch=0-step=2.ckpt", "epoch=0-step=2.ckpt.sha256", "last.ckpt", "last.ckpt.sha256"]
     for name in ("last.ckpt", "epoch=0-step=2.ckpt"):
         assert verify(two_steps / name).status is Integrity.VERIFIED
+    copy = two_steps.parent / "renamed.ckpt"  # a copy renamed with its sidecar still verifies
+    shutil.copy(two_steps / "last.ckpt", copy)
+    shutil.copy(sidecar(two_steps / "last.ckpt"), sidecar(copy))
+    try:
+        assert verify(copy).status is Integrity.VERIFIED
+    finally:
+        copy.unlink()
+        sidecar(copy).unlink()
     if shutil.which("sha256sum"):  # the standard tool reads the same file
         done = subprocess.run(["sha256sum", "-c", "last.ckpt.sha256"], cwd=two_steps, capture_output=True, text=True)
         assert done.returncode == 0 and "last.ckpt: OK" in done.stdout, done.stdout + done.stderr
