@@ -128,11 +128,11 @@ def _record_batches(path: str) -> None:
     next_batch = PromptGroupDataModule.next_batch
 
     def record(self):
-        groups = next_batch(self)
+        batch = next_batch(self)  # a TrainingBatch since the rollout redesign
         with open(path, "a") as f:
             f.write(json.dumps({"step": self.trainer.global_step, "groups": [
-                [g.prompt_id, g.behavior_version, g.response_ids] for g in groups]}) + "\n")
-        return groups
+                [g.prompt_id, g.behavior_version, g.response_ids] for g in batch.groups]}) + "\n")
+        return batch
 
     PromptGroupDataModule.next_batch = record
 
