@@ -57,6 +57,19 @@ def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> di
     return {**EVAL_VLLM_ARGS, **parsed}
 
 
+def _verify_source(path: Path) -> None:
+    """Check a checkpoint or a run's export against its SHA-256 sidecar before it loads (CheckpointError, a
+    ValueError, on damage; a warning for a checkpoint without one); hub ids and folders without one pass."""
+    from ggpo_lightning.records.integrity import check_checkpoint, check_intact, sidecar
+
+    if path.suffix == ".ckpt":
+        check_checkpoint(path)
+        return
+    for folder in (path, path / "final_model", path / "final_adapter"):
+        if sidecar(folder).is_file():
+            check_intact(folder)
+
+
 @click.command("eval")
 @click.argument("model_source", metavar="MODEL")
 @click.argument("benchmarks", metavar="BENCH...", nargs=-1, required=True,
@@ -119,6 +132,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
         try:
             for _, rows in problems:
                 validate_golds(rows, checker)
+            _verify_source(Path(model_source).expanduser())
             model, tokenizer = evaluation.load_model(model_source, base_model)
             if engine_args is None:
                 sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))

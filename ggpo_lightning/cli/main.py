@@ -15,6 +15,7 @@ import click
 from ggpo_verifiers.cli import verifiers_group
 
 from ggpo_lightning.cli.data import data_group
+from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.eval import eval_command
 from ggpo_lightning.cli.experiments import report_command, sweep_command
 
@@ -24,9 +25,19 @@ if TYPE_CHECKING:
     from ggpo_lightning.lab.tabular import FiniteProblem
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UserErrorGroup(click.Group):
+    """A click group whose subcommands' user errors print one line, no traceback (:mod:`~ggpo_lightning.cli.errors`)."""
+
+    def invoke(self, ctx: click.Context):
+        return report_user_errors("ggpo", lambda: super(_UserErrorGroup, self).invoke(ctx),
+                                  ctx.params.get("debug", False) or debug_requested([])[0])
+
+
+@click.group(cls=_UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ggpo-lightning")
-def main() -> None:
+@click.option("--debug", is_flag=True, default=False,
+              help="Show the traceback of a user error (also GGPO_DEBUG=1).")
+def main(debug: bool) -> None:
     """ggpo-lightning tools: the tabular lab, verifiers, and more."""
 
 
@@ -155,13 +166,16 @@ def train_main(args: list[str] | None = None) -> None:
 
     A LightningCLI over :class:`~ggpo_lightning.training.module.GGPOModule` and
     :class:`~ggpo_lightning.training.data.PromptGroupDataModule`; ``--print_config`` prints the
-    resolved recipe, ``--ckpt_path`` resumes a run.
+    resolved recipe, ``--ckpt_path`` resumes a run. A user error (a setting, the data, the checkpoint, the
+    resume; :mod:`~ggpo_lightning.cli.errors`) prints one line and exits 2; ``--debug`` or ``GGPO_DEBUG=1``
+    shows its traceback.
     """
     from ggpo_lightning.rollouts.health import RunAborted
     from ggpo_lightning.cli.train import exit_code, run_training
 
+    debug, args = debug_requested(sys.argv[1:] if args is None else args)
     try:
-        run_training(args)
+        report_user_errors("ggpo-train", lambda: run_training(args), debug)
     except RunAborted as stop:  # the checkpoint and summary.json are saved (RunGuard); no traceback
         print(f"ggpo-train: {stop.status}: {stop}", file=sys.stderr, flush=True)
         sys.exit(exit_code(stop))

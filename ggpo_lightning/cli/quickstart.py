@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
 
@@ -37,8 +38,8 @@ def build_quickstart_inputs(config: Any) -> None:
     if synthetic is not None:
         train_path = config["data"].get("train_path")
         if train_path is None:
-            raise ValueError("synthetic_data is generated into the folder of data.train_path; set data.train_path "
-                             "(e.g. runs/quickstart/data/train.jsonl)")
+            raise SettingsError("synthetic_data is generated into the folder of data.train_path; set data.train_path "
+                                "(e.g. runs/quickstart/data/train.jsonl)")
         if not Path(train_path).is_file():
             settings = synthetic_data_config(config)
             write_splits(settings.task, Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)
@@ -59,13 +60,13 @@ def tiny_model_config(config: Any) -> TinyModelConfig:
     """
     settings = _plain(config["tiny_model"])
     if config.get("synthetic_data") is None:
-        raise ValueError("tiny_model needs synthetic_data: the tiny model's warm-up teaches the synthetic task; "
-                         "set synthetic_data or drop tiny_model and give model.model_name_or_path a model folder")
+        raise SettingsError("tiny_model needs synthetic_data: the tiny model's warm-up teaches the synthetic task; "
+                            "set synthetic_data or drop tiny_model and give model.model_name_or_path a model folder")
     task = _plain(_plain(config["synthetic_data"])["task"])
     given = settings.pop("task", None)
     if given not in (None, asdict(ArithmeticTask()), task):
-        raise ValueError(f"tiny_model.task {given} differs from synthetic_data.task {task}: the warm-up uses "
-                         "synthetic_data.task; remove tiny_model.task")
+        raise SettingsError(f"tiny_model.task {given} differs from synthetic_data.task {task}: the warm-up uses "
+                            "synthetic_data.task; remove tiny_model.task")
     return TinyModelConfig(**settings, task=ArithmeticTask(**task))
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from ggpo_lightning.records.errors import SettingsError
+
 __all__ = ["MOVED_KEYS", "RENAMED_KEYS", "check_renamed_keys", "is_saved_config", "migrate_keys"]
 
 MOVED_KEYS = {
@@ -111,5 +113,5 @@ def check_renamed_keys(args: list[str]) -> list[str]:
             value = inline if inline else (args[i + 1] if i + 1 < len(args) else None)
             problems += _renamed({key: value}, "command line")
     if problems:
-        raise ValueError("renamed recipe keys (CHANGELOG.md lists them):\n  " + "\n  ".join(problems))
+        raise SettingsError("renamed recipe keys (CHANGELOG.md lists them):\n  " + "\n  ".join(problems))
     return args

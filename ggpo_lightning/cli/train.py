@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
@@ -27,7 +28,8 @@ from ggpo_lightning.records.run_lock import lock_run_directory, release_run_dire
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
-__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "lock_logger_directory", "run_training"]
+__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
+           "run_training"]
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -54,9 +56,9 @@ class GGPOTrainCLI(LightningCLI):
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
         parser.add_argument("--resume_mismatch_ok", type=bool, default=False,
-                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, "
-                                 "prompts_per_step, model) or training data differ from this run's, with a warning "
-                                 "instead of an error.")
+                            help="Resume a checkpoint whose settings (objective, beta, k, sync_every, rollout "
+                                 "schedule, prompts_per_step, model) or training data differ from this run's, with a "
+                                 "warning instead of an error.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "synthetic_data.task) at model.model_name_or_path when that folder does not exist: "
@@ -69,7 +71,7 @@ class GGPOTrainCLI(LightningCLI):
         check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
         build_quickstart_inputs(self.config)  # before the data and model.model_name_or_path are read
         check_run(self.config.as_dict(), self.config.get("ckpt_path"))
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+        if launched_as_global_rank_zero():
             self.run_lock = lock_logger_directory(self.config["trainer"])
 
     def instantiate_classes(self) -> None:
@@ -88,6 +90,17 @@ class GGPOTrainCLI(LightningCLI):
         if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
             trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
+
+
+RANK_VARIABLES = ("RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_RANK", "SLURM_PROCID")
+"""Where launchers put a process's place before its process group exists: torchrun (``RANK``, ``GROUP_RANK`` = the
+node, ``LOCAL_RANK``), Lightning's own launcher (``NODE_RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``)."""
+
+
+def launched_as_global_rank_zero() -> bool:
+    """Whether this process is the run's first (global rank 0) by its launcher's environment: the one process of
+    all nodes that locks the run directory (each node's local rank 0 would otherwise take a lock of its own)."""
+    return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
 
 
 def lock_logger_directory(trainer_config: Any):
@@ -131,8 +144,8 @@ def check_devices(accelerator: Any, devices: Any) -> None:
         return
     fix = (f"set --trainer.devices {available} (data.prompts_per_step stays the whole step's prompts)" if available
            else "set --trainer.accelerator cpu")
-    raise ValueError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
-                     "or run on a machine with more")
+    raise SettingsError(f"trainer.devices asks for {requested} {kind}, but this machine has {available}; {fix} "
+                        "or run on a machine with more")
 
 
 def _recipe_name(config_paths: list) -> str | None:

@@ -23,10 +23,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ggpo_lightning.records.errors import CheckpointError, ResumeError
 from ggpo_lightning.core.distributed import world
 
-__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "LoraState", "RankState", "RunState", "check_fingerprint",
-           "current_rank_state", "fingerprint_differences", "learner_weights", "read_checkpoint", "restore_rank_state", "run_fingerprint"]
+__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "SETTINGS_ADDED", "LoraState", "RankState", "RunState",
+           "check_fingerprint", "current_rank_state", "fingerprint_differences", "learner_weights", "read_checkpoint",
+           "restore_rank_state", "run_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +85,11 @@ class RunState:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> RunState:
-        """Any schema version's dict; ValueError for a newer schema than this code reads."""
+        """Any schema version's dict; CheckpointError for a newer schema than this code reads."""
         schema = state.get("schema", 1)
         if schema > SCHEMA_VERSION:
-            raise ValueError(f"the checkpoint has schema {schema}, newer than this ggpo-lightning reads "
-                             f"({SCHEMA_VERSION}); upgrade ggpo-lightning")
+            raise CheckpointError(f"the checkpoint has schema {schema}, newer than this ggpo-lightning reads "
+                                  f"({SCHEMA_VERSION}); upgrade ggpo-lightning")
         # schema 1 before per-rank state: one process's state at the top level
         ranks = state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}]
         lora = state.get("lora")
@@ -97,9 +99,14 @@ class RunState:
                    fingerprint=state.get("fingerprint"), schema=schema)
 
 
+SETTINGS_ADDED = {"model.rollout.schedule": "sync"}
+"""Fingerprint settings added after checkpoints were written without them, with the value those runs had (a
+checkpoint from before ``model.rollout.schedule`` was fingerprinted ran the sync schedule)."""
+
+
 def run_fingerprint(settings: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
-    """The checkpoint's record of what defines its run: ``settings`` (objective, beta, k, sync_every,
-    prompts_per_step, model base; recipe key -> value) and ``data``, the training data's fingerprint
+    """The checkpoint's record of what defines its run: ``settings`` (objective, beta, k, sync_every, rollout
+    schedule, prompts_per_step, model base; recipe key -> value) and ``data``, the training data's fingerprint
     (``PromptGroupDataModule.fingerprint``: source, bytes, rows, SHA-256 of the rows in order)."""
     return {"settings": dict(settings), "data": None if data is None else dict(data)}
 
@@ -109,6 +116,8 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
     differences = []
     for part in ("settings", "data"):
         old, new = saved.get(part) or {}, current.get(part) or {}
+        if part == "settings":  # a key added since: what a run saved without it had
+            old, new = {**SETTINGS_ADDED, **old}, {**SETTINGS_ADDED, **new}
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 name = key if part == "settings" else f"training data {key}"
@@ -118,7 +127,7 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
 
 def check_fingerprint(state: RunState, current: dict[str, Any], mismatch_ok: bool) -> None:
     """The checkpoint's fingerprint against this run's (``current``, :func:`run_fingerprint`): differences are a
-    ValueError naming each, or with ``mismatch_ok`` (``--resume_mismatch_ok true``) a warning. A checkpoint from
+    ResumeError naming each, or with ``mismatch_ok`` (``--resume_mismatch_ok true``) a warning. A checkpoint from
     before fingerprints resumes with a warning that nothing was checked."""
     if state.fingerprint is None:
         log.warning("the checkpoint predates run fingerprints (schema %d): resuming without checking that the "
@@ -129,8 +138,8 @@ def check_fingerprint(state: RunState, current: dict[str, Any], mismatch_ok: boo
         return
     listed = "\n  ".join(differences)
     if not mismatch_ok:
-        raise ValueError(f"the checkpoint was written by a different run:\n  {listed}\nresume with the settings "
-                         "and data it was trained with, or pass --resume_mismatch_ok true to continue anyway")
+        raise ResumeError(f"the checkpoint was written by a different run:\n  {listed}\nresume with the settings "
+                          "and data it was trained with, or pass --resume_mismatch_ok true to continue anyway")
     log.warning("resuming a checkpoint of a different run (--resume_mismatch_ok):\n  %s", listed)
 
 
@@ -164,7 +173,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if path.is_file():
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
-        raise ValueError(f"{path} is a folder but not a sharded checkpoint (no .metadata and meta.pt)")
+        raise CheckpointError(f"{path} is a folder but not a sharded checkpoint (no .metadata and meta.pt)")
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory() as tmp:

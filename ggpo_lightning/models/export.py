@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ggpo_lightning.records.atomic import fsync_directory, remove_orphans, temporary_name
+from ggpo_lightning.records.integrity import checksums, remove_sidecar, write_sidecar
 from ggpo_lightning.core.distributed import world
 from ggpo_lightning.models.lora import plain_state_dict, save_adapter
 from ggpo_lightning.models.policy import Policy
@@ -97,7 +98,9 @@ def write_folder(target: Path, write: Writer) -> None:
     The folder (:func:`~ggpo_lightning.records.atomic.temporary_name`, so that a killed process's is
     found by :func:`~ggpo_lightning.records.atomic.remove_orphans`) is made by ``mkdir`` under the
     process umask: normal permissions, not the private 0700 of ``mkdtemp``. The rename is
-    fsynced into the parent folder.
+    fsynced into the parent folder. The folder's files are hashed before the rename and
+    their SHA-256 sidecar (``target.sha256``, :mod:`~ggpo_lightning.records.integrity`) is
+    written after it; ``ggpo eval`` verifies it.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_orphans(target.parent)
@@ -105,6 +108,8 @@ def write_folder(target: Path, write: Writer) -> None:
     tmp.mkdir()
     try:
         write(tmp)
+        digests = checksums(tmp)
+        remove_sidecar(target)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -112,3 +117,4 @@ def write_folder(target: Path, write: Writer) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # no orphan temporary folder
         raise
+    write_sidecar(target, digests)

@@ -17,6 +17,8 @@ import torch
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ggpo_lightning.records.errors import MissingFileError, SettingsError
+
 __all__ = ["load_causal_lm", "load_tokenizer", "looks_like_path"]
 
 # "name" or "org/name": what the hub accepts as a model id.
@@ -49,8 +51,8 @@ def _resolve_source(name_or_path: str | Path, kwargs: dict[str, Any], marker_fil
     if local.exists():
         return str(local)
     if isinstance(name_or_path, Path) or looks_like_path(name):
-        raise FileNotFoundError(f"model folder {name!r} does not exist (resolved to {local.resolve()}); "
-                                f"check the path, or build it first")
+        raise MissingFileError(f"model folder {name!r} does not exist (resolved to {local.resolve()}); "
+                               f"check the path, or build it first")
     offline = is_offline_mode() or kwargs.get("local_files_only", False)
     if offline and not _in_hub_cache(name, marker_files, kwargs):
         raise OSError(f"{name!r} is neither a local folder nor a model in the Hugging Face cache, and downloads "
@@ -69,8 +71,8 @@ def load_tokenizer(name_or_path: str | Path, **kwargs: Any) -> PreTrainedTokeniz
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"the tokenizer of {name_or_path} has neither a pad nor an eos token; "
-                             f"set tokenizer.pad_token before batching")
+            raise SettingsError(f"the tokenizer of {name_or_path} has neither a pad nor an eos token; "
+                                f"set tokenizer.pad_token before batching")
         warnings.warn(f"the tokenizer of {name_or_path} has no pad token; padding with its eos token "
                       f"{tokenizer.eos_token!r}", stacklevel=2)
         tokenizer.pad_token = tokenizer.eos_token
@@ -83,7 +85,7 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
         return dtype
     value = getattr(torch, str(dtype), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype, its name (e.g. 'bfloat16') or 'auto', got {dtype!r}")
+        raise SettingsError(f"dtype must be a torch dtype, its name (e.g. 'bfloat16') or 'auto', got {dtype!r}")
     return value
 
 

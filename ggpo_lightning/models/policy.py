@@ -22,6 +22,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from ggpo_lightning.records.errors import ResumeError, SettingsError
 from ggpo_lightning.models.checkpoint import LoraState, RunState
 from ggpo_lightning.core.distributed import broadcast_from_rank0_
 from ggpo_lightning.models.sharding import copy_weights_, full_state_items, is_sharded, shard_decoder_layers
@@ -76,11 +77,11 @@ class Policy:
         if self.sharded:
             return
         if self.lora is not None:
-            raise ValueError("model.lora is not supported with ModelParallelStrategy (FSDP2) yet; use "
-                             "trainer.strategy: ddp for LoRA on several devices")
+            raise SettingsError("model.lora is not supported with ModelParallelStrategy (FSDP2) yet; use "
+                                "trainer.strategy: ddp for LoRA on several devices")
         if mesh["tensor_parallel"].size() > 1:
-            raise ValueError(f"trainer.strategy: tensor parallelism is not supported; set "
-                             f"tensor_parallel_size: 1 and data_parallel_size: {mesh.size()} (FSDP over all devices)")
+            raise SettingsError(f"trainer.strategy: tensor parallelism is not supported; set tensor_parallel_size: 1 "
+                                f"and data_parallel_size: {mesh.size()} (FSDP over all devices)")
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_mixed else None
@@ -132,12 +133,12 @@ class Policy:
         """
         saved = state.lora
         if (saved is None) != (self.lora is None):
-            raise ValueError(f"the checkpoint was trained {'with' if saved else 'without'} model.lora but this run "
-                             f"is configured {'with' if self.lora else 'without'} it; resume with the run's own "
-                             "model.lora")
+            raise ResumeError(f"the checkpoint was trained {'with' if saved else 'without'} model.lora but this run "
+                              f"is configured {'with' if self.lora else 'without'} it; resume with the run's own "
+                              "model.lora")
         if saved is not None and saved.base_fingerprint != self.base_fingerprint:
-            raise ValueError(f"the checkpoint's adapter was trained on base model {state.model_name_or_path!r}, but "
-                             f"this run loads {model_name_or_path!r}, a different model (fingerprint "
-                             f"{self.base_fingerprint} != {saved.base_fingerprint}); resume with "
-                             f"--model.model_name_or_path {state.model_name_or_path}")
+            raise ResumeError(f"the checkpoint's adapter was trained on base model {state.model_name_or_path!r}, but "
+                              f"this run loads {model_name_or_path!r}, a different model (fingerprint "
+                              f"{self.base_fingerprint} != {saved.base_fingerprint}); resume with "
+                              f"--model.model_name_or_path {state.model_name_or_path}")
 

@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -15,7 +15,8 @@ __all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_dire
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike[str], binary: bool = False,
+                before_replace: Callable[[Path], None] | None = None) -> Iterator[IO]:
     """Open a file for writing (UTF-8 text, or bytes) that replaces ``path`` only when the block ends cleanly.
 
     The text goes to a uniquely named temporary file in the same directory (``os.replace``
@@ -23,7 +24,8 @@ def atomic_open(path: str | os.PathLike[str], binary: bool = False) -> Iterator[
     renamed over ``path``, and the directory is fsynced (the rename survives a power
     loss). On any exception ``path`` is left as it was and the temporary file is removed;
     one left by a killed process is removed by :func:`remove_orphans`. Parent directories
-    are created.
+    are created. ``before_replace(temporary path)`` runs once the content is on disk, just
+    before the rename (a checksum of the complete content).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,6 +38,8 @@ def atomic_open(path: str | os.PathLike[str], binary: bool = False) -> Iterator[
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
         os.replace(tmp, path)
         fsync_directory(path.parent)
     except BaseException:

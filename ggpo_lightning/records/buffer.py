@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from ggpo_lightning.records.errors import DataError
 from ggpo_lightning.records.atomic import atomic_open
 
 __all__ = ["DRAW_POLICIES", "FORMAT", "FORMAT_VERSION", "BehaviorBuffer", "RolloutGroup"]
@@ -216,16 +217,16 @@ class RolloutGroup:
         fails validation.
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"a RolloutGroup record must be a JSON object, got {type(data).__name__}")
+            raise DataError(f"a RolloutGroup record must be a JSON object, got {type(data).__name__}")
         where = f"RolloutGroup {data.get('prompt_id')!r}"
         missing = [name for name in _REQUIRED_FIELDS if name not in data]
         if missing:
-            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}; required fields are "
-                             f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs and truncated are optional)")
+            raise DataError(f"{where}: missing field(s) {', '.join(missing)}; required fields are "
+                            f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs and truncated are optional)")
         unknown = sorted(map(str, set(data) - set(_FIELDS)))
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; "
-                             f"valid fields are {', '.join(_FIELDS)}")
+            raise DataError(f"{where}: unknown field(s) {', '.join(unknown)}; "
+                            f"valid fields are {', '.join(_FIELDS)}")
         return cls(**data)
 
 
@@ -518,10 +519,10 @@ def _dumps(obj: object) -> str:
 def _check_header(record: Mapping[str, Any], where: str) -> None:
     if not isinstance(record, Mapping) or record.get("format") != FORMAT:
         found = record.get("format") if isinstance(record, Mapping) else type(record).__name__
-        raise ValueError(f"{where}: not a behavior buffer (format {found!r}, expected {FORMAT!r})")
+        raise DataError(f"{where}: not a behavior buffer (format {found!r}, expected {FORMAT!r})")
     if record.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{where}: unsupported format_version {record.get('format_version')!r}; "
-                         f"this version of ggpo-lightning reads format_version {FORMAT_VERSION}")
+        raise DataError(f"{where}: unsupported format_version {record.get('format_version')!r}; "
+                        f"this version of ggpo-lightning reads format_version {FORMAT_VERSION}")
 
 
 def _read_groups(path: Path) -> list[RolloutGroup]:
@@ -538,7 +539,7 @@ def _read_groups(path: Path) -> list[RolloutGroup]:
                     continue
                 groups.append(RolloutGroup.from_dict(record))
             except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                raise ValueError(f"{path}:{lineno}: {err}") from err
+                raise DataError(f"{path}:{lineno}: {err}") from err
     return groups
 
 

@@ -5,7 +5,8 @@ Each is also a ``ValueError``, as the checks raised before these types existed."
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "DataError", "ResumeError", "SettingsError", "UserError"]
+__all__ = ["CheckpointError", "DataError", "DiskFullError", "MissingFileError", "ResumeError", "SettingsError",
+           "UserError"]
 
 
 class UserError(Exception):
@@ -21,9 +22,18 @@ class DataError(UserError, ValueError):
     """A data file or row is unusable (the message names the file and line)."""
 
 
+class MissingFileError(DataError, FileNotFoundError):
+    """A file or folder the settings name does not exist (also a ``FileNotFoundError``, as raised before)."""
+
+
 class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be used: missing, truncated, corrupt, or of a newer schema (the message names the file)."""
 
 
 class ResumeError(UserError, ValueError):
     """A checkpoint belongs to another run (the message lists the differences and the override)."""
+
+
+class DiskFullError(UserError, OSError):
+    """A save found no space left (or the quota spent): the message names the path, the space needed and the
+    space free. Not a ValueError: nothing the user gave was wrong, but the user can fix it."""

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggpo_lightning.records.errors import DataError, MissingFileError
+
 __all__ = ["PromptRow", "load_dataset_rows", "load_prompt_rows", "read_records", "validate_golds"]
 
 
@@ -43,16 +45,16 @@ def read_records(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                                 "re-encode the file as UTF-8") from None
+                raise DataError(f"{path}:{number}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                                "re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+                raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield number, record
 
 
@@ -66,7 +68,7 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
+        raise MissingFileError(f"prompt file {path} does not exist")
     records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
     return _rows(records, str(path), prompt_field, answer_field, id_field, template)
 
@@ -98,20 +100,20 @@ def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: st
     for where, default_id, record in records:
         for field in (prompt_field, answer_field):
             if record.get(field) is None:
-                raise ValueError(
+                raise DataError(
                     f"{where}: missing field {field!r} (fields: {', '.join(sorted(record))}); "
                     f"map yours with data.prompt_field / data.answer_field"
                 )
         try:
             prompt = template.format(**{**record, "prompt": record[prompt_field]})
         except KeyError as exc:
-            raise ValueError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
+            raise DataError(f"{where}: data.prompt_template names field {exc} that the row lacks") from None
         if not prompt.strip():
-            raise ValueError(f"{where}: the prompt is empty (field {prompt_field!r}); fill or drop the row")
+            raise DataError(f"{where}: the prompt is empty (field {prompt_field!r}); fill or drop the row")
         row_id = str(record[id_field]) if id_field and record.get(id_field) is not None else default_id
         rows.append(PromptRow(row_id, prompt, str(record[answer_field]), where))
     if not rows:
-        raise ValueError(f"{label}: no prompts found")
+        raise DataError(f"{label}: no prompts found")
     return rows
 
 
@@ -127,4 +129,4 @@ def validate_golds(rows: Sequence[PromptRow], verifier) -> None:
         verifier.validate_golds([r.gold for r in rows])
     except GoldAnswerError as exc:
         row = rows[exc.index]
-        raise ValueError(f"{row.source}: {exc} (prompt id {row.id!r}); fix or drop the row") from exc
+        raise DataError(f"{row.source}: {exc} (prompt id {row.id!r}); fix or drop the row") from exc

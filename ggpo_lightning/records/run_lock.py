@@ -16,11 +16,13 @@ import os
 from pathlib import Path
 from typing import IO
 
+from ggpo_lightning.records.errors import UserError
+
 __all__ = ["RunDirectoryInUse", "lock_run_directory", "release_run_directory"]
 
 
-class RunDirectoryInUse(RuntimeError):
-    """Another live process holds the run directory's lock."""
+class RunDirectoryInUse(UserError, RuntimeError):
+    """Another live process holds the run directory's lock (a user's mistake: two runs into one directory)."""
 
 
 def lock_run_directory(directory: Path) -> IO[str]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ggpo_lightning.records.errors import SettingsError
+
 __all__ = ["RolloutConfig", "SamplingConfig", "VLLM_INSTALL_HINT", "vllm_available"]
 
 VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
@@ -37,11 +39,12 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
-            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+            raise SettingsError(f"model.rollout.sampling.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+            raise SettingsError(f"model.rollout.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1 or self.generation_batch_size < 1:
-            raise ValueError("sampling.max_new_tokens and sampling.generation_batch_size must be >= 1")
+            raise SettingsError("model.rollout.sampling.max_new_tokens and "
+                                "model.rollout.sampling.generation_batch_size must be >= 1")
 
 
 @dataclass

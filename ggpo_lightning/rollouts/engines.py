@@ -4,12 +4,29 @@ protocol only."""
 
 from __future__ import annotations
 
+import os
+
 from torch import nn
 
+from ggpo_lightning.core.distributed import world
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine
 
-__all__ = ["eval_engine", "make_engine"]
+__all__ = ["eval_engine", "make_engine", "placement_run_errors"]
+
+
+def placement_run_errors(config: RolloutConfig, processes: int) -> list[str]:
+    """What the engine's placement does not run with, beside its own settings (``RolloutConfig.errors``): the
+    separate vLLM engine with several trainer processes. Each process would start its own engine, all on
+    ``vllm_devices`` (one index) or each on its trainer's first device, beside that rank's learner, so they
+    would contend for one device's memory. Checked by the preflight on the recipe and again here when the
+    engine is made (``WORLD_SIZE`` of a launcher counts)."""
+    if config.engine != "vllm" or config.vllm_placement != "separate" or processes <= 1:
+        return []
+    return [f"model.rollout.vllm_placement: separate runs one vLLM engine beside one trainer process; this run "
+            f"has {processes} processes, whose engines would share a device with each other or with a learner "
+            "(set trainer.devices and trainer.num_nodes to 1, or model.rollout.vllm_placement: colocated)"]
 
 
 def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_or_path: str, *, lora: bool,
@@ -24,6 +41,9 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
       every rollout: a sync after every update, the learner's precision, no LoRA adapter, the sync schedule (with
       async, the producer samples while the learner trains).
     """
+    errors = placement_run_errors(config, max(world()[1], int(os.environ.get("WORLD_SIZE", "1"))))
+    if errors:
+        raise SettingsError(errors[0])
     dtype = config.torch_dtype
     if config.engine == "vllm" and config.vllm_placement == "separate":
         from ggpo_lightning.rollouts.vllm_separate import SeparateVLLMEngine

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint, RichProgressBar
 
 from ggpo_lightning.records.atomic import atomic_write_text
+from ggpo_lightning.records.errors import DiskFullError
 from ggpo_lightning.core.distributed import sum_across_ranks, world
 from ggpo_lightning.models.export import write_folder
 from ggpo_lightning.rollouts.health import RunAborted
@@ -235,6 +236,9 @@ class RunGuard(Checkpoint):
     - Any other exception on one process: ``aborted.ckpt`` with the state at the failure
       (resumable, not draw for draw). On several processes only the deliberate stops
       save: the other ranks may not reach the collective save.
+    - :class:`~ggpo_lightning.records.errors.DiskFullError` (a save found the disk full): no
+      ``aborted.ckpt`` (it would meet the same full disk); the summary is tried (a few
+      hundred bytes may still fit) and the message names the previous checkpoint to resume from.
 
     ``summary.json`` gets ``status`` (``interrupted``/``aborted``), ``reason`` and
     ``checkpoint`` (:meth:`RunSummary.write_stopped`). No checkpoint before training starts:
@@ -278,18 +282,26 @@ class RunGuard(Checkpoint):
             return
         status = exception.status if deliberate else (
             "interrupted" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "aborted")
+        directory = Path(getattr(trainer.checkpoint_callback, "dirpath", None)
+                         or RunSummary.run_dir(trainer) / "checkpoints")
         path = None
-        if self._training:  # before the first step there is nothing to save
-            directory = Path(getattr(trainer.checkpoint_callback, "dirpath", None)
-                             or RunSummary.run_dir(trainer) / "checkpoints")
+        if isinstance(exception, DiskFullError):  # saving again would meet the same full disk
+            previous = directory / "last.ckpt"
+            path = previous if previous.exists() else None
+        elif self._training:  # before the first step there is nothing to save
             path = directory / f"{status}.ckpt"
             trainer.save_checkpoint(path)
         reason = str(exception) or type(exception).__name__
         summary = next((cb for cb in trainer.callbacks if isinstance(cb, RunSummary)), None)
         if summary is not None:
-            summary.write_stopped(trainer, pl_module, status, reason, path)
+            try:
+                summary.write_stopped(trainer, pl_module, status, reason, path)
+            except OSError as exc:  # the full disk may not take even the summary
+                print(f"summary.json not written ({exc.strerror or exc})", file=sys.stderr, flush=True)
         if trainer.is_global_zero and path is not None:
-            print(f"run {status} at step {trainer.global_step} ({reason}); checkpoint saved to {path}; resume "
+            saved = "no checkpoint written (disk full); the previous one is" if isinstance(
+                exception, DiskFullError) else "checkpoint saved to"
+            print(f"run {status} at step {trainer.global_step} ({reason}); {saved} {path}; resume "
                   f"with --ckpt_path {path}", file=sys.stderr, flush=True)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

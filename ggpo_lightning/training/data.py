@@ -37,6 +37,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ggpo_lightning.records.errors import MissingFileError, SettingsError
 from ggpo_lightning.records.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.core.distributed import all_gather_objects, interleave, rank_share, world
 from ggpo_lightning.records.prompts import PromptRow, load_dataset_rows, load_prompt_rows
@@ -153,7 +154,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         if offline_prompts is not None and offline_prompts < 1:
             errors.append(f"data.offline_prompts must be >= 1, got {offline_prompts}")
         if errors:
-            raise ValueError("invalid data settings:\n  " + "\n  ".join(errors))
+            raise SettingsError("invalid data settings:\n  " + "\n  ".join(errors))
         self.train_path, self.val_path = train_path, val_path
         self.dataset = dict(name=dataset, config_name=dataset_config, train_split=train_split, val_split=val_split)
         self.fields = dict(prompt_field=prompt_field, answer_field=answer_field, id_field=id_field,
@@ -190,8 +191,8 @@ class PromptGroupDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         _, world_size = world()
         if self.prompts_per_step % world_size:
-            raise ValueError(f"data.prompts_per_step ({self.prompts_per_step}) must be a multiple of the number of "
-                             f"processes ({world_size}): each rank trains on an equal share of the step's groups")
+            raise SettingsError(f"data.prompts_per_step ({self.prompts_per_step}) must be a multiple of the number of "
+                                f"processes ({world_size}): each rank trains on an equal share of the step's groups")
         self.load_rows()
 
     def load_rows(self) -> None:
@@ -199,11 +200,11 @@ class PromptGroupDataModule(L.LightningDataModule):
 
         ``ggpo-train`` calls it before any model loads (:mod:`~ggpo_lightning.training.preflight`)."""
         if self.train_path is not None and not Path(self.train_path).is_file():
-            raise FileNotFoundError(f"data.train_path {self.train_path} does not exist; check the path (or, for the "
-                                    "synthetic task, set synthetic_data to generate it there)")
+            raise MissingFileError(f"data.train_path {self.train_path} does not exist; check the path (or, for the "
+                                   "synthetic task, set synthetic_data to generate it there)")
         if self.buffer_path is not None and not Path(self.buffer_path).is_file():
-            raise FileNotFoundError(f"data.buffer_path {self.buffer_path} does not exist; give a behavior buffer "
-                                    "JSONL file (a run's behavior_buffer.jsonl)")
+            raise MissingFileError(f"data.buffer_path {self.buffer_path} does not exist; give a behavior buffer "
+                                   "JSONL file (a run's behavior_buffer.jsonl)")
         if not self.train_rows:
             self.train_rows = self._load(self.train_path, self.dataset["train_split"])
         if not self.val_rows:

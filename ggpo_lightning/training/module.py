@@ -45,6 +45,7 @@ from ggpo_lightning.models.export import Writer, export_targets
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.models.policy import Policy
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.prompts import PromptRow, validate_golds
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine
@@ -142,7 +143,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.model_name_or_path = model_name_or_path
         self.tokenizer = load_tokenizer(model_name_or_path)
         if chat_template and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"model.chat_template is true but the tokenizer of {model_name_or_path} has no chat "
+            raise SettingsError(f"model.chat_template is true but the tokenizer of {model_name_or_path} has no chat "
                              "template; set model.chat_template: false or use an instruction-tuned model")
         model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
         self.shared_prefix = shared_prefix and supports_packed(model)
@@ -189,7 +190,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         validate_golds(datamodule.train_rows + datamodule.val_rows, self.group_rollout.verifier)
         errors = self.source.run_errors(datamodule.mode, world_size)
         if errors:
-            raise ValueError("; ".join(errors))
+            raise SettingsError("; ".join(errors))
         datamodule.connect_source(self.source)
 
     def on_train_end(self) -> None:

@@ -7,6 +7,7 @@ from ggpo_lightning.core.objectives import ObjectiveConfig
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig
 from ggpo_lightning.models.lora import LoraSettings
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.health import VerifierHealthConfig
 
@@ -17,7 +18,7 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
                    verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
                    ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None,
                    micro_batch: MicroBatchConfig, lr_schedule: LRScheduleConfig | None) -> None:
-    """Raise one ValueError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
+    """Raise one SettingsError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
     from ggpo_verifiers import verifier_class
 
     errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
@@ -35,7 +36,7 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
     if max_nan_steps < 1:
         errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
     if errors:
-        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
 def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_or_path: str,
@@ -44,4 +45,5 @@ def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_
     :func:`~ggpo_lightning.models.checkpoint.run_fingerprint`)."""
     return {"model.objective.name": objective.name, "model.objective.beta": objective.beta,
             "model.rollout.k": rollout.k, "model.rollout.sync_every": rollout.sync_every,
+            "model.rollout.schedule": rollout.schedule,
             "model.model_name_or_path": model_name_or_path, "data.prompts_per_step": prompts_per_step}

@@ -1,10 +1,12 @@
 """``ggpo-train`` in a child process, optionally killed (SIGKILL, by itself) at a chosen point: fault injection.
 
-    python child.py [kill_save=K:FRACTION] [kill_step=K] [kill_rollout=K] [signal_step=K:NAME] [record_batches=PATH]
-        -- <ggpo-train arguments>
+    python child.py [kill_save=K:FRACTION] [enospc_save=K:BYTES] [kill_step=K] [kill_rollout=K]
+        [signal_step=K:NAME] [record_batches=PATH] -- <ggpo-train arguments>
 
 ``kill_save``: during the K-th checkpoint save, after FRACTION of its bytes reached the
-temporary file; ``kill_step``: at the start of the training step at global step K;
+temporary file; ``enospc_save``: the K-th checkpoint save fails with "No space left on device"
+(``OSError(ENOSPC)``) after BYTES bytes, and every later one at its first byte, as a full disk would;
+``kill_step``: at the start of the training step at global step K;
 ``kill_rollout``: in the middle of the K-th rollout (after generation, before scoring);
 ``signal_step``: the process sends itself signal NAME (``SIGINT``, ``SIGTERM``) at the start
 of the training step at global step K; ``record_batches``: each step's groups (prompt id, behavior version,
@@ -14,6 +16,7 @@ The kill lands where the plan says, not after a guessed delay.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -46,6 +49,46 @@ def _kill_during_save(k: int, fraction: float) -> None:
         _die()
 
     checkpoint_io.torch = types.SimpleNamespace(save=save)
+
+
+class _FullDisk(io.RawIOBase):
+    """A file whose writes fail with ENOSPC once ``limit`` bytes went through."""
+
+    def __init__(self, f, limit: int | None) -> None:
+        self.f, self.limit, self.written = f, limit, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        room = max(0, self.limit - self.written)
+        if len(data) > room:
+            self.f.write(bytes(data[:room]))
+            self.written += room
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.written += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _full_disk_from_save(k: int, limit: int) -> None:
+    import contextlib
+
+    import ggpo_lightning.training.checkpoint_io as checkpoint_io
+
+    real_open = checkpoint_io.atomic_open
+    saves = 0
+
+    @contextlib.contextmanager
+    def atomic_open(path, binary=False, before_replace=None):
+        nonlocal saves
+        saves += 1
+        with real_open(path, binary, before_replace) as f:
+            yield f if saves < k else _FullDisk(f, limit if saves == k else 0)
+
+    checkpoint_io.atomic_open = atomic_open
 
 
 def _at_step(k: int, action) -> None:
@@ -85,7 +128,7 @@ def _record_batches(path: str) -> None:
     next_batch = PromptGroupDataModule.next_batch
 
     def record(self):
-        batch = next_batch(self)
+        batch = next_batch(self)  # a TrainingBatch since the rollout redesign
         with open(path, "a") as f:
             f.write(json.dumps({"step": self.trainer.global_step, "groups": [
                 [g.prompt_id, g.behavior_version, g.response_ids] for g in batch.groups]}) + "\n")
@@ -100,6 +143,9 @@ def main() -> None:
     if "kill_save" in plan:
         k, fraction = plan["kill_save"].split(":")
         _kill_during_save(int(k), float(fraction))
+    if "enospc_save" in plan:
+        k, limit = plan["enospc_save"].split(":")
+        _full_disk_from_save(int(k), int(limit))
     if "kill_step" in plan:
         _at_step(int(plan["kill_step"]), _die)
     if "signal_step" in plan:

@@ -18,10 +18,22 @@ def recorded(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.slow  # two ggpo-train processes: about 30 s
-def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_path, tiny_model_dir, fault_data):
+ENGINES = {
+    "hf": ("tiny_model_dir", ()),
+    # the separate vLLM engine (what async runs vLLM with); vLLM's CPU attention needs head size 32
+    "vllm": ("wide_tiny_model_dir", ("--model.rollout.engine", "vllm", "--model.rollout.vllm_placement", "separate",
+                                     "--model.rollout.vllm_args", '{"max_model_len": 64}')),
+}
+
+
+@pytest.mark.slow  # two ggpo-train processes: about 30 s (HF engine)
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_path, fault_data, engine, request):
+    model_fixture, engine_args = ENGINES[engine]
+    tiny_model_dir = request.getfixturevalue(model_fixture)
+    async_engine = (*ASYNC, *engine_args)
     killed = tmp_path / "killed.jsonl"
-    code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *ASYNC), "kill_step=3",
+    code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *async_engine), "kill_step=3",
                     f"record_batches={killed}")
     assert code == -signal.SIGKILL, out
     last = run_dir(tmp_path / "runs") / "checkpoints" / "last.ckpt"
@@ -40,7 +52,7 @@ def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_p
     assert all(0 <= b["step"] - version <= BOUND for b in trained for _, version, _ in b["groups"])
 
     resumed = tmp_path / "resumed.jsonl"
-    code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *ASYNC, "--ckpt_path", str(last),
+    code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *async_engine, "--ckpt_path", str(last),
                                "--trainer.max_steps", str(5 + BOUND)), f"record_batches={resumed}")
     assert code == 0, out
     after = recorded(resumed)

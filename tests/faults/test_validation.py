@@ -112,7 +112,8 @@ def test_exported_folders_get_normal_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "final_model").stat().st_mode) == 0o755
-    assert [p.name for p in tmp_path.iterdir()] == ["final_model"]  # no temporary folder left
+    # no temporary folder left; the checksum sidecar beside the folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_model", "final_model.sha256"]
 
 
 def test_a_second_run_into_the_same_version_directory_fails_at_once_naming_the_holder(tmp_path, tiny_model_dir,

@@ -8,12 +8,14 @@ and their losses and updated weights must agree to float tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import random
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,19 +63,19 @@ def workload(tmp_path_factory, tiny_model_dir, data_dir) -> Workload:
     return Workload(root, tiny_model_dir, data_dir)
 
 
-def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -> Path:
-    """One ggpo-train run (and the ranks it starts) in a subprocess; returns its run directory.
+def command(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """The arguments and environment of one ggpo-train run of this workload into ``w.root / name``.
 
     ``args`` come before this workload's settings, ``overrides`` after them (the last value wins)."""
-    (w.root / name).mkdir()
+    (w.root / name).mkdir(exist_ok=True)
     callbacks = w.root / name / "trace.yaml"
     callbacks.write_text(json.dumps({"trainer": {"callbacks": [
         {"class_path": "rank_trace.RankTrace", "init_args": {"out_dir": str(w.root / name / "trace")}}]}}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
     env.pop("PL_GLOBAL_SEED", None)
-    command = [
-        sys.executable, "-m", "ggpo_lightning.cli.train", *args, "--config", str(callbacks),
+    arguments = [
+        *args, "--config", str(callbacks),
         "--model.model_name_or_path", str(w.model), "--tiny_model", "null",
         "--model.rollout.sync_every", str(SYNC_EVERY), "--model.ref_refresh_every", str(REFRESH_EVERY),
         "--model.eval.max_new_tokens", "3",
@@ -86,7 +88,14 @@ def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -
         "--trainer.logger.init_args.save_dir", str(w.root / name), "--trainer.logger.init_args.name", "run",
         "--checkpoint.every_n_train_steps", "1", "--checkpoint.save_top_k", "-1", *overrides,
     ]
-    result = subprocess.run(command, env=env, cwd=w.root, capture_output=True, text=True, timeout=300)
+    return arguments, env
+
+
+def train(w: Workload, name: str, *args: str, overrides: tuple[str, ...] = ()) -> Path:
+    """One ggpo-train run (and the ranks it starts) in a subprocess; returns its run directory."""
+    arguments, env = command(w, name, *args, overrides=overrides)
+    result = subprocess.run([sys.executable, "-m", "ggpo_lightning.cli.train", *arguments], env=env, cwd=w.root,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return w.root / name / "run" / "version_0"
 
@@ -272,3 +281,72 @@ def test_fsdp_ranks_each_sync_their_vllm_engine_from_the_gathered_learner(worklo
     assert staleness == [0, 1, 0, 1]
     assert max(kl[0], kl[2]) < 1e-7  # the synced engines sample from the learner (fp32 kernels apart)
     assert min(kl[1], kl[3]) > 100 * max(kl[0], kl[2], 1e-9)  # one update of staleness shows
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_nodes(arguments: list[str], env: dict[str, str], cwd: Path, logs: list[Path]) -> list[int]:
+    """``ggpo-train arguments`` as two "nodes" of one process each on localhost (torchrun, ``--nnodes 2``, the
+    rendezvous on loopback), each node's output into its log; the exit codes. A node that fails leaves the
+    other waiting in a collective: both are stopped at the first failure (or after 300 s)."""
+    port = str(free_port())
+    with contextlib.ExitStack() as files:
+        nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                   "--nproc_per_node", "1", "--node_rank", str(node), "--master_addr", "127.0.0.1",
+                                   "--master_port", port, "-m", "ggpo_lightning.cli.train", *arguments],
+                                  env=env, cwd=cwd, stdout=files.enter_context(open(log, "w")),
+                                  stderr=subprocess.STDOUT)
+                 for node, log in zip((0, 1), logs)]
+        deadline = time.monotonic() + 300
+        try:
+            while time.monotonic() < deadline and any(node.poll() is None for node in nodes):
+                if any(node.returncode not in (None, 0) for node in nodes):
+                    break
+                try:  # a bounded wait on a running node, not a sleep
+                    next(node for node in nodes if node.returncode is None).wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for node in nodes:
+                node.kill()  # no-op for a finished one; no stray rank left behind
+                node.wait()
+    return [node.returncode for node in nodes]
+
+
+@pytest.mark.slow
+def test_two_nodes_through_torchrun_train_as_one_node_with_two_processes(workload, two_process_run):
+    """Two "nodes" of one process each (:func:`two_nodes`): the FSDP2 recipe trains to the same losses and weights
+    as one node with two processes; only node 0 locks the run directory (node 1's launcher sets ``GROUP_RANK=1``,
+    not ``NODE_RANK``), so no second lock or version folder. Then a resume from one of its sharded checkpoints
+    with a flipped bit in one shard: each rank hashes its share, the verdict is gathered, and both nodes stop
+    with the same error (neither waits in a collective)."""
+    nodes = ("--trainer.devices", "1", "--trainer.num_nodes", "2")
+    arguments, env = command(workload, "two-nodes", *FSDP, overrides=nodes)
+    logs = [workload.root / "two-nodes" / f"node{node}.log" for node in (0, 1)]
+    codes = two_nodes(arguments, env, workload.root, logs)
+    assert codes == [0, 0], "\n".join(log.read_text()[-4000:] for log in logs)
+    run = workload.root / "two-nodes" / "run" / "version_0"
+    assert sorted(p.name for p in run.parent.iterdir()) == [".version_0.lock", "version_0"]  # one lock, one folder
+    assert sorted(trace(run)) == [0, 1]
+    one_node = two_process_run("fsdp")
+    torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(one_node)), rtol=1e-5, atol=1e-6)
+    assert_same_weights(weights(run), weights(one_node))
+
+    damaged = run / "checkpoints" / "epoch=0-step=2.ckpt"
+    shard = sorted(damaged.glob("*.distcp"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    arguments, env = command(workload, "two-nodes-resumed", *FSDP, overrides=(*nodes, "--ckpt_path", str(damaged)))
+    logs = [workload.root / "two-nodes-resumed" / f"node{node}.log" for node in (0, 1)]
+    codes = two_nodes(arguments, env, workload.root, logs)
+    outputs = [log.read_text() for log in logs]
+    assert all(code not in (0, None) for code in codes), codes
+    for out in outputs:  # every rank names the damaged shard, whichever rank hashed it
+        assert f"checkpoint {damaged} is damaged: {shard} does not match its checksum" in out, out[-4000:]
