@@ -34,7 +34,7 @@ class FakeEngine:
         return self
 
     def unshare(self) -> None:
-        pass
+        """Never shares a learner's tensors."""
 
     def state_dict(self, step: int):
         return None if self.version == step else {"w": self.weight.clone()}
