@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from ggpo_lightning.records.formats import FORMATS
 from ggpo_verifiers.cli import VERIFIER_HELP, build_verifier
 
 __all__ = ["EVAL_VLLM_ARGS", "eval_command", "format_table"]
@@ -74,10 +75,13 @@ def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> di
               help="Python format string of the prompt; {prompt} is the problem text.")
 @click.option("--chat-template/--no-chat-template", default=False, show_default=True,
               help="Wrap each prompt as a user turn of the tokenizer's chat template.")
-@click.option("--prompt-field", default=None, help="Record field of the problem (default: problem, question "
-              "or prompt, the first present).")
-@click.option("--answer-field", default=None, help="Record field of the gold answer (default: answer, else the "
-              "last \\boxed{} of solution).")
+@click.option("--format", "data_format", type=click.Choice(FORMATS), default=None,
+              help="The files' layout (README: Data); default: detected from the first row (verl, math, gsm8k, "
+                   "else prompt-answer).")
+@click.option("--prompt-field", default=None, help="prompt-answer layout: record field of the problem (default: "
+              "problem, question or prompt, the first present).")
+@click.option("--answer-field", default=None, help="prompt-answer layout: record field of the gold answer "
+              "(default: answer, else the last \\boxed{} of solution).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N problems of each file.")
 @click.option("--base-model", default=None,
               help="For a .ckpt MODEL: the run's model.model_name_or_path (architecture and tokenizer).")
@@ -92,8 +96,9 @@ def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> di
               help="Also write the results, with per-problem counts, to this JSON file.")
 def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str, k: int, temperature: float,
                  top_p: float, max_new_tokens: int, batch_size: int, seed: int, template: str, chat_template: bool,
-                 prompt_field: str | None, answer_field: str | None, limit: int | None, base_model: str | None,
-                 device: str | None, engine: str, vllm_args: str | None, json_path: Path | None) -> None:
+                 data_format: str | None, prompt_field: str | None, answer_field: str | None, limit: int | None,
+                 base_model: str | None, device: str | None, engine: str, vllm_args: str | None,
+                 json_path: Path | None) -> None:
     """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
 
     MODEL is a model folder or hub id, a ggpo-train run directory (its final_model/), or
@@ -112,7 +117,8 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        problems = [(path, evaluation.load_benchmark(path, prompt_field, answer_field, limit)) for path in benchmarks]
+        problems = [(path, evaluation.load_benchmark(path, prompt_field, answer_field, limit,
+                                                                        data_format)) for path in benchmarks]
     except (ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
     with build_verifier(verifier, timeout=5.0, workers=None) as checker:

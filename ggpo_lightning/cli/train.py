@@ -47,6 +47,9 @@ class GGPOTrainCLI(LightningCLI):
 
     run_lock = None
     """The open lock file of the run directory (held until the process exits)."""
+    train_path_from_command_line = False
+    """Whether ``--data.train_path`` was given on the command line without ``--synthetic_data`` settings (synthetic
+    data is then built only at the recipe's own path)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -65,9 +68,17 @@ class GGPOTrainCLI(LightningCLI):
                             help="Generate the synthetic arithmetic task into the folder of data.train_path when "
                                  "that file does not exist (the quickstart's data).")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        given = [str(a) for a in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        # a command line that sets synthetic_data itself asks for it at its own data.train_path
+        self.train_path_from_command_line = _on_command_line(given, "data.train_path") and not _on_command_line(
+            given, "synthetic_data")
+
     def before_instantiate_classes(self) -> None:
         check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
-        build_quickstart_inputs(self.config)  # before the data and model.model_name_or_path are read
+        # before the data and model.model_name_or_path are read
+        build_quickstart_inputs(self.config, self.train_path_from_command_line)
         check_run(self.config.as_dict(), self.config.get("ckpt_path"))
         if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
             self.run_lock = lock_logger_directory(self.config["trainer"])
@@ -88,6 +99,11 @@ class GGPOTrainCLI(LightningCLI):
         if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
             trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
+
+
+def _on_command_line(args: list[str], key: str) -> bool:
+    """Whether ``args`` set ``key`` or a key under it (``--key V``, ``--key=V``, ``--key.sub V``)."""
+    return any(a == f"--{key}" or a.startswith((f"--{key}=", f"--{key}.")) for a in args)
 
 
 def lock_logger_directory(trainer_config: Any):
