@@ -58,6 +58,30 @@ def _vllm_settings(engine: str, vllm_args: str | None, device: str | None) -> di
     return {**EVAL_VLLM_ARGS, **parsed}
 
 
+def _run_settings(ctx: click.Context, model_source: str) -> dict[str, Any]:
+    """For a run directory MODEL: its recipe's template, chat template, length and verifier
+    (:func:`~ggpo_lightning.evaluation.run_settings.run_settings`) for each of those flags left at its default;
+    what was taken is said on stderr. Empty for any other MODEL."""
+    from ggpo_lightning.evaluation.run_settings import run_settings
+
+    try:
+        run = run_settings(model_source)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if run is None:
+        return {}
+    flags = {"template": "template", "chat_template": "chat_template", "max_new_tokens": "max_new_tokens",
+             "verifier": "verifier"}
+    taken = {key: getattr(run, key) for key, flag in flags.items()
+             if ctx.get_parameter_source(flag) is not click.core.ParameterSource.COMMANDLINE}
+    if "verifier" in taken:
+        taken["verifier_timeout"] = run.verifier_timeout
+    if taken:
+        click.echo(f"settings of the run ({run.config_path}): " + ", ".join(f"{k} {v!r}" for k, v in taken.items()),
+                   err=True)
+    return taken
+
+
 @click.command("eval")
 @click.argument("model_source", metavar="MODEL")
 @click.argument("benchmarks", metavar="BENCH...", nargs=-1, required=True,
@@ -102,7 +126,9 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
 
     MODEL is a model folder or hub id, a ggpo-train run directory (its final_model/), or
-    a run's .ckpt (with --base-model). Prints accuracy (pass@1), avg@k and pass@k per
+    a run's .ckpt (with --base-model). A run directory is evaluated with its recipe's settings (config.yaml:
+    data.prompt_template, model.chat_template, model.eval.max_new_tokens or the rollout's, model.verifier);
+    a flag given overrides its setting. Prints accuracy (pass@1), avg@k and pass@k per
     benchmark and their unweighted mean over the benchmarks (the average row's problems
     is the total).
     """
@@ -111,6 +137,12 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
     from ggpo_lightning.evaluation import accuracy as evaluation
     from ggpo_lightning.records.prompts import validate_golds
 
+    settings = _run_settings(click.get_current_context(), model_source)
+    if settings:
+        verifier = settings.get("verifier", verifier)
+        template = settings.get("template", template)
+        chat_template = settings.get("chat_template", chat_template)
+        max_new_tokens = settings.get("max_new_tokens", max_new_tokens)
     try:
         evaluation.check_settings(k, temperature, top_p, template)
         engine_args = _vllm_settings(engine, vllm_args, device)
@@ -121,7 +153,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
                                                                         data_format)) for path in benchmarks]
     except (ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
-    with build_verifier(verifier, timeout=5.0, workers=None) as checker:
+    with build_verifier(verifier, timeout=settings.get("verifier_timeout", 5.0), workers=None) as checker:
         try:
             for _, rows in problems:
                 validate_golds(rows, checker)

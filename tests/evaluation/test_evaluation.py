@@ -227,3 +227,28 @@ def test_a_run_directory_and_its_checkpoint_are_model_sources(run_dir, tiny_mode
                     "--max-new-tokens", "3")
     assert result.exit_code == 0, result.output
     assert result.stdout == invoke(run_dir, bench, "--verifier", "numeric", "--max-new-tokens", "3").stdout
+
+
+def test_a_run_directory_is_evaluated_with_its_recipes_settings(run_dir, bench, tmp_path):
+    """Finding 5: ``ggpo eval RUN_DIR`` used ``{prompt}``, 512 new tokens and the math verifier, not the run's."""
+    import shutil
+
+    import yaml
+
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["data"]["prompt_template"] = "Q: {prompt}"  # a template of its own, to be seen in the report
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    result = invoke(run_dir, bench, "--json", tmp_path / "run.json")
+    assert result.exit_code == 0, result.output
+    settings = json.loads((tmp_path / "run.json").read_text())["settings"]
+    assert settings["template"] == "Q: {prompt}"
+    assert settings["max_new_tokens"] == config["model"]["rollout"]["sampling"]["max_new_tokens"] == 3
+    assert settings["verifier"] == config["model"]["verifier"] == "numeric"
+    assert settings["chat_template"] is False
+    assert f"settings of the run ({run_dir / 'config.yaml'})" in result.stderr
+    explicit = invoke(run_dir, bench, "--template", config["data"]["prompt_template"], "--max-new-tokens", "3",
+                      "--verifier", "numeric", "--no-chat-template")
+    assert explicit.stdout in result.stdout  # the same evaluation, spelt out (then the line naming the JSON)
+    overridden = invoke(run_dir, bench, "--max-new-tokens", "1", "--json", tmp_path / "short.json")
+    assert json.loads((tmp_path / "short.json").read_text())["settings"]["max_new_tokens"] == 1  # a flag wins
