@@ -41,7 +41,7 @@ from ggpo_lightning.records.formats import detect_format
 from ggpo_lightning.records.prompts import PromptRow, load_prompt_rows, read_records
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation
-from ggpo_lightning.rollouts.group import encode_prompt
+from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.hf_engine import generate_responses
 from ggpo_verifiers import Verifier
 
@@ -380,14 +380,16 @@ def accuracy_across_ranks(correct: list[int], k: int, total_prompts: int, device
 def evaluate_model(model: PreTrainedModel | EvalEngine, tokenizer: PreTrainedTokenizerBase,
                    rows: Sequence[PromptRow], verifier: Verifier, k: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
-                   template: str = "{prompt}", chat_template: bool = False) -> EvalResult:
+                   template: str = "{prompt}", chat_template: bool | ChatTemplate | dict[str, Any] = False
+                   ) -> EvalResult:
     """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones (one process).
 
     ``model``: a transformers model, or an engine holding one (:func:`~ggpo_lightning.rollouts.engines.eval_engine`,
     ``ggpo eval --engine vllm``; ``batch_size`` then does not apply).
 
-    Prompts are ``template.format(prompt=row.prompt)``, wrapped as a user turn of the
-    tokenizer's chat template when ``chat_template``. ``k == 1`` with ``temperature == 0``
+    Prompts are ``template.format(prompt=row.prompt)``, wrapped as the last user turn of the
+    tokenizer's chat template when ``chat_template`` (true, or :class:`~ggpo_lightning.rollouts.group.ChatTemplate`
+    settings: system prompt, template arguments; after the row's ``messages``). ``k == 1`` with ``temperature == 0``
     decodes greedily; otherwise samples at ``temperature`` with nucleus ``top_p`` (no
     top-k cut). ``batch_size`` is sequences per ``generate`` call; sampling is a function
     of ``seed`` (:func:`count_correct`). The gold answers should pass
@@ -399,7 +401,7 @@ def evaluate_model(model: PreTrainedModel | EvalEngine, tokenizer: PreTrainedTok
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat-template is set but the tokenizer has no chat template; use --no-chat-template "
                          "or an instruction-tuned model")
-    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
+    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template, r.messages) for r in rows]
     golds = [r.gold for r in rows]
     if not isinstance(model, torch.nn.Module):
         correct = count_correct_with_engine(model, tokenizer, prompts, golds, verifier, k, temperature, top_p,

@@ -28,6 +28,8 @@ class PromptRow:
     prompt: str
     gold: str
     source: str = ""
+    messages: tuple[dict[str, Any], ...] | None = None
+    """The row's conversation (``messages`` in the data), for a chat template; the prompt is its last user turn."""
 
 
 def read_records(path: Path) -> Iterator[tuple[int, dict]]:
@@ -140,10 +142,22 @@ def _rows(records: Iterable[tuple[str, str, dict]], label: str, prompt_field: st
         if not prompt.strip():
             raise DataError(f"{where}: the prompt is empty (field {prompt_field!r}); fill or drop the row")
         row_id = str(row[id_field]) if id_field and row.get(id_field) is not None else default_id
-        rows.append(PromptRow(row_id, prompt, row["answer"], where))
+        rows.append(PromptRow(row_id, prompt, row["answer"], where, _messages(row.get("messages"), where)))
     if not rows:
         raise DataError(f"{label}: no prompts found")
     return rows
+
+
+def _messages(messages: Any, where: str) -> tuple[dict[str, Any], ...] | None:
+    """A row's ``messages`` checked: a list of ``{"role", "content"}`` objects with string content, or None."""
+    if messages is None:
+        return None
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise DataError(f"{where}: 'messages' must be a list of {{\"role\": ..., \"content\": ...}} objects with "
+                        f"text content, got {str(messages)[:80]!r}")
+    return tuple(messages)
 
 
 def validate_golds(rows: Sequence[PromptRow], verifier) -> None:
