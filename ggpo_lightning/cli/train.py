@@ -22,6 +22,7 @@ from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.training.module import GGPOModule
 from ggpo_lightning.training.preflight import check_run
+from ggpo_lightning.training.samples import SampleLog
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
 from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
@@ -53,6 +54,7 @@ class GGPOTrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(SampleLog, "samples")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
@@ -110,8 +112,9 @@ def lock_logger_directory(trainer_config: Any):
     """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`)
     and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
 
-    None (no lock) when the logger is off or does not take a ``version`` (``save_dir/name/version`` loggers do:
-    CSV, TensorBoard). Also removes what killed earlier runs left half-written in the sibling run directories
+    None (no lock) when the logger is off, does not take a ``version`` (``save_dir/name/version`` loggers do:
+    CSV, TensorBoard) or has no ``log_dir`` (W&B's ``version`` is its run id; its files go under its own
+    ``save_dir/wandb/``). Also removes what killed earlier runs left half-written in the sibling run directories
     and their ``checkpoints/`` (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
     from lightning.pytorch.cli import instantiate_class
 
@@ -119,6 +122,8 @@ def lock_logger_directory(trainer_config: Any):
     if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
         return None
     instance = instantiate_class((), logger.as_dict())
+    if getattr(instance, "log_dir", None) is None:  # a version but no folder of its own (W&B: its run id)
+        return None
     run_dir = Path(instance.log_dir)
     handle = lock_run_directory(run_dir)
     logger["init_args"]["version"] = instance.version
