@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentError
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -22,8 +23,11 @@ from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.training.module import GGPOModule
 from ggpo_lightning.training.preflight import check_run
+from ggpo_lightning.training.settings import check_model_settings
 from ggpo_lightning.training.samples import SampleLog
+from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
@@ -71,8 +75,18 @@ class GGPOTrainCLI(LightningCLI):
                                  "that file does not exist (the quickstart's data).")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        """Parse as LightningCLI does; a mistake is one :class:`SettingsError` line (an unknown key with the closest
+        valid one, a bad value with its key), and ``--print_config`` prints only a recipe whose values the run
+        would accept."""
         given = [str(a) for a in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        try:
+            if any(a.startswith("--print_config") for a in given):  # jsonargparse prints and exits in the parse
+                config = parser.parse_args([a for a in given if not a.startswith("--print_config")]).as_dict()
+                PromptGroupDataModule(**config["data"])  # its constructor checks data.* and reads no file
+                check_model_settings(config["model"])
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise SettingsError(explain_parse_error(str(err), known_keys(parser))) from None
         # a command line that sets synthetic_data itself asks for it at its own data.train_path
         self.train_path_from_command_line = _on_command_line(given, "data.train_path") and not _on_command_line(
             given, "synthetic_data")
@@ -181,6 +195,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         auto_configure_optimizers=False,  # the module's optimizer covers the learner only
         save_config_kwargs={"overwrite": True},
         trainer_defaults=TRAINER_DEFAULTS,
+        parser_kwargs={"exit_on_error": False},  # parse_arguments turns the error into one line
         args=args,
     )
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))

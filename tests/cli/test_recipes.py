@@ -156,11 +156,9 @@ def test_a_run_configuration_saved_before_the_renames_is_migrated_not_refused(tm
         print_config(capsys, copied)
 
 
-def test_a_typo_in_a_flag_is_an_error_naming_it(capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_a_typo_in_a_flag_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="unknown key model.betta"):
         run_training(["--config", str(RECIPES / "quickstart.yaml"), "--model.betta", "0.05"])
-    assert exit_info.value.code != 0
-    assert "betta" in capsys.readouterr().err
 
 
 def test_ggpo_train_help_runs_as_a_program():
