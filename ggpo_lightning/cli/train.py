@@ -211,7 +211,5 @@ def exit_code(error: RunAborted) -> int:
     return 128 + error.signum if isinstance(error, RunInterrupted) else 1
 
 
-if __name__ == "__main__":  # python -m ggpo_lightning.cli.train (torchrun): ggpo-train's exit codes
-    from ggpo_lightning.cli.main import train_main
-
-    train_main()
+if __name__ == "__main__":
+    run_training()
