@@ -13,27 +13,12 @@ from ggpo_lightning.cli.main import main
 from ggpo_lightning.evaluation.accuracy import load_benchmark
 from ggpo_lightning.records.prompts import load_prompt_rows
 from ggpo_lightning.training.data import PromptGroupDataModule
+from first_run_data import gsm8k_records, math_records
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
-
-
-def math_records(n: int = 20) -> list[dict]:
-    """MATH / MATH-500 rows: every fifth with an ``answer`` field, one without any box."""
-    rows = [{"problem": f"What is {i} + {i}?", "solution": f"Add: $\\boxed{{{2 * i}}}$.", "level": "Level 1",
-             "type": "Algebra"} for i in range(n)]
-    for i in range(0, n, 5):
-        rows[i]["answer"] = str(2 * i)
-    if n > 3:
-        rows[3]["solution"] = "no box here"
-    return rows
-
-
-def gsm8k_records(n: int = 20) -> list[dict]:
-    return [{"question": f"Tom has {i} apples and buys {i}. How many?",
-             "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"} for i in range(n)]
 
 
 def convert(*args: str) -> tuple[int, str, str]:
