@@ -9,7 +9,7 @@ whatever other fields the source had. ``ggpo data convert`` writes it; ``data.fo
 The layouts (:data:`FORMATS`):
 
 - ``prompt-answer``: the schema itself; the fields are named by ``prompt_field`` / ``answer_field``, the gold is
-  taken as it is.
+  taken as it is (a list of answers joined by ``, ``).
 - ``math`` (MATH, MATH-500): ``problem`` (else ``prompt_field``), ``solution`` with a ``\\boxed{}`` answer, optional ``answer`` (which,
   when present and not empty, is the gold).
 - ``gsm8k``: ``question``, ``answer`` a worked solution ending ``#### 72``.
@@ -76,6 +76,8 @@ def to_schema(record: dict[str, Any], format: str, where: str, prompt_field: str
     """
     if format == "prompt-answer":
         prompt, answer = _require(record, prompt_field, where, hint), _require(record, answer_field, where, hint)
+        if isinstance(answer, list):  # several final answers (OlympiadBench): one gold, as a list
+            answer = ", ".join(map(str, answer))
         row = {k: v for k, v in record.items() if k not in (prompt_field, answer_field)}
         extra: dict[str, Any] = {}
     elif format == "math":

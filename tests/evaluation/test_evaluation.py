@@ -183,7 +183,7 @@ def test_the_command_prints_a_table_and_writes_json(tiny_model_dir, bench, tmp_p
     assert set(report) == {"model", "base_model", "settings", "benchmarks", "average"}
     assert report["settings"]["k"] == 2 and report["settings"]["verifier"] == "numeric"
     first, second = report["benchmarks"]
-    assert set(first) == {"name", "path", "problems", "k", "accuracy", "avg@k", "pass@k", "per_problem"}
+    assert set(first) == {"name", "path", "template", "problems", "k", "accuracy", "avg@k", "pass@k", "per_problem"}
     assert first["name"] == "sums" and second["name"] == "again" and first["problems"] == 4
     assert [first[m] for m in ("k", "accuracy", "per_problem")] == [second[m] for m in ("k", "accuracy", "per_problem")]
     assert [p["id"] for p in first["per_problem"]] == ["a", "b", "c", "d"]
