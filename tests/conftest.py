@@ -47,6 +47,15 @@ def wide_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-wide", replace(TINY_TEST_MODEL, hidden_size=64))
 
 
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny Qwen3-shaped model folder (Qwen3ForCausalLM, random weights) whose tokenizer carries Qwen3's own chat
+    template (``tests/qwen3_model.py``): chat-template and first-run tests without downloads."""
+    from qwen3_model import build_qwen3_model
+
+    return build_qwen3_model(tmp_path_factory.mktemp("models") / "qwen3-tiny")
+
+
 @pytest.fixture()
 def tiny_lm(tiny_model_dir):
     """``(model, tokenizer)`` loaded fresh from the tiny model folder."""

@@ -1,4 +1,4 @@
-"""``ggpo data ...``: generate training and benchmark data.
+"""``ggpo data ...``: generate training and benchmark data, and convert standard layouts to the package's schema.
 
 The group is ``data_group``; ``ggpo_lightning.cli.main`` mounts it as ``ggpo data``. The
 generators (sympy) are imported inside the commands, so ``ggpo --help`` stays fast.
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from ggpo_lightning.records.formats import FORMATS
+
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
     if value is None:
@@ -24,7 +26,7 @@ def _csv(ctx: click.Context, param: click.Parameter, value: str | None) -> list[
 
 @click.group(name="data")
 def data_group() -> None:
-    """Generate training and benchmark data."""
+    """Generate training and benchmark data; convert MATH, GSM8K, verl files to the package's schema."""
 
 
 @data_group.command("synth")
@@ -80,3 +82,48 @@ def synth_command(out: Path, families: list[str] | None, levels: list[str], n_tr
     click.echo(f"{'total':<12} {'':>5} {sum(counts['train'].values()):>7} {sum(counts['test'].values()):>7}")
     click.echo(f"train: {train_path}")
     click.echo(f"test:  {test_path}")
+
+
+@data_group.command("convert")
+@click.option("--format", "data_format", type=click.Choice(FORMATS), required=True,
+              help="The input's layout: math (MATH, MATH-500: problem, solution with \\boxed{}, optional answer), "
+                   "gsm8k (question, answer ending '#### 72'), prompt-answer (--prompt-field, --answer-field), "
+                   "verl (DAPO-Math-17k: prompt as chat messages, reward_model.ground_truth).")
+@click.argument("source", metavar="INPUT", type=click.Path(exists=True, path_type=Path))
+@click.argument("output", metavar="OUTPUT.jsonl", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--split", default="train", show_default=True,
+              help="For a save_to_disk folder holding several splits: the split to convert.")
+@click.option("--prompt-field", default="prompt", show_default=True, help="prompt-answer layout: the prompt field.")
+@click.option("--answer-field", default="answer", show_default=True, help="prompt-answer layout: the gold field.")
+@click.option("--verifier", "-v", default="math", show_default=True,
+              help="The verifier the golds must be usable by (the one you will train and evaluate with).")
+def convert_command(data_format: str, source: Path, output: Path, split: str, prompt_field: str, answer_field: str,
+                    verifier: str) -> None:
+    """Convert INPUT (a local JSONL or Parquet file, or a datasets save_to_disk folder) to the package's schema:
+    OUTPUT.jsonl rows {"prompt", "answer", ...the source's other fields}, the gold extracted once.
+
+    Rows without a usable gold (none found, or one the verifier cannot read) are listed by line on stderr and
+    left out; training and `ggpo eval` read OUTPUT as it is.
+    """
+    from ggpo_lightning.records.atomic import atomic_write_text
+    from ggpo_lightning.records.errors import DataError
+    from ggpo_lightning.records.formats import convert_records
+    from ggpo_lightning.records.prompts import read_source
+    from ggpo_verifiers.cli import build_verifier
+
+    if output.resolve() == source.resolve():
+        raise click.BadParameter("OUTPUT must differ from INPUT", param_hint="OUTPUT.jsonl")
+    with build_verifier(verifier, timeout=5.0, workers=None) as checker:
+        try:
+            rows, left_out = convert_records(read_source(source, split), data_format, checker, prompt_field,
+                                             answer_field)
+        except (DataError, ValueError) as err:  # an unreadable file or line: nothing can be converted
+            raise click.ClickException(str(err)) from None
+    for message in left_out:
+        click.echo(f"left out: {message}", err=True)
+    if not rows:
+        raise click.ClickException(f"{source}: no row has a usable prompt and gold ({len(left_out)} left out); "
+                                   "is --format right?")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    click.echo(f"{len(rows)} rows written to {output} ({len(left_out)} left out)")

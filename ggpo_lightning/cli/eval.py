@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
+from ggpo_lightning.records.formats import FORMATS
 from ggpo_verifiers.cli import VERIFIER_HELP, build_verifier
 
 __all__ = ["EVAL_VLLM_ARGS", "eval_command", "format_table"]
@@ -70,10 +72,39 @@ def _verify_source(path: Path) -> None:
             check_intact(folder)
 
 
+def _run_settings(ctx: click.Context, model_source: str) -> dict[str, Any]:
+    """For a run directory MODEL: its recipe's template, chat template, length and verifier
+    (:func:`~ggpo_lightning.evaluation.run_settings.run_settings`) for each of those flags left at its default;
+    what was taken is said on stderr. Empty for any other MODEL."""
+    from ggpo_lightning.evaluation.run_settings import run_settings
+
+    try:
+        run = run_settings(model_source)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if run is None:
+        return {}
+    flags = {"template": "template", "chat_template": "chat_template", "max_new_tokens": "max_new_tokens",
+             "verifier": "verifier"}
+    taken = {key: getattr(run, key) for key, flag in flags.items()
+             if ctx.get_parameter_source(flag) is not ParameterSource.COMMANDLINE}
+    if "verifier" in taken:
+        taken["verifier_timeout"] = run.verifier_timeout
+    if taken:
+        click.echo(f"settings of the run ({run.config_path}): " + ", ".join(f"{k} {v!r}" for k, v in taken.items()),
+                   err=True)
+    return taken
+
+
 @click.command("eval")
 @click.argument("model_source", metavar="MODEL")
-@click.argument("benchmarks", metavar="BENCH...", nargs=-1, required=True,
+@click.argument("benchmarks", metavar="BENCH...", nargs=-1,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--benchmark", "named", multiple=True, help="A benchmark by name (math500, aime2024, amc2023, "
+              "minerva_math, olympiadbench), read from the local file of the --path at the same position, with its "
+              "layout and the paper's template (--template overrides it). Repeatable.")
+@click.option("--path", "named_paths", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The local file of each --benchmark, in order.")
 @click.option("--verifier", "-v", default="math", show_default=True, help=VERIFIER_HELP)
 @click.option("--k", type=click.IntRange(min=1), default=1, show_default=True, help="Responses per problem.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -87,10 +118,13 @@ def _verify_source(path: Path) -> None:
               help="Python format string of the prompt; {prompt} is the problem text.")
 @click.option("--chat-template/--no-chat-template", default=False, show_default=True,
               help="Wrap each prompt as a user turn of the tokenizer's chat template.")
-@click.option("--prompt-field", default=None, help="Record field of the problem (default: problem, question "
-              "or prompt, the first present).")
-@click.option("--answer-field", default=None, help="Record field of the gold answer (default: answer, else the "
-              "last \\boxed{} of solution).")
+@click.option("--format", "data_format", type=click.Choice(FORMATS), default=None,
+              help="The files' layout (README: Data); default: detected from the first row (verl, math, gsm8k, "
+                   "else prompt-answer).")
+@click.option("--prompt-field", default=None, help="prompt-answer layout: record field of the problem (default: "
+              "problem, question or prompt, the first present).")
+@click.option("--answer-field", default=None, help="prompt-answer layout: record field of the gold answer "
+              "(default: answer, else the last \\boxed{} of solution).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N problems of each file.")
 @click.option("--base-model", default=None,
               help="For a .ckpt MODEL: the run's model.model_name_or_path (architecture and tokenizer).")
@@ -103,34 +137,54 @@ def _verify_source(path: Path) -> None:
               "process).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the results, with per-problem counts, to this JSON file.")
-def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str, k: int, temperature: float,
+def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[str, ...],
+                 named_paths: tuple[Path, ...], verifier: str, k: int, temperature: float,
                  top_p: float, max_new_tokens: int, batch_size: int, seed: int, template: str, chat_template: bool,
-                 prompt_field: str | None, answer_field: str | None, limit: int | None, base_model: str | None,
-                 device: str | None, engine: str, vllm_args: str | None, json_path: Path | None) -> None:
+                 data_format: str | None, prompt_field: str | None, answer_field: str | None, limit: int | None,
+                 base_model: str | None, device: str | None, engine: str, vllm_args: str | None,
+                 json_path: Path | None) -> None:
     """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
 
     MODEL is a model folder or hub id, a ggpo-train run directory (its final_model/), or
-    a run's .ckpt (with --base-model). Prints accuracy (pass@1), avg@k and pass@k per
+    a run's .ckpt (with --base-model). A run directory is evaluated with its recipe's settings (config.yaml:
+    data.prompt_template, model.chat_template, model.eval.max_new_tokens or the rollout's, model.verifier);
+    a flag given overrides its setting. Prints accuracy (pass@1), avg@k and pass@k per
     benchmark and their unweighted mean over the benchmarks (the average row's problems
     is the total).
     """
     import torch
 
     from ggpo_lightning.evaluation import accuracy as evaluation
+    from ggpo_lightning.evaluation.benchmarks import load_named_benchmark
     from ggpo_lightning.records.prompts import validate_golds
 
+    settings = _run_settings(click.get_current_context(), model_source)
+    if settings:
+        verifier = settings.get("verifier", verifier)
+        template = settings.get("template", template)
+        chat_template = settings.get("chat_template", chat_template)
+        max_new_tokens = settings.get("max_new_tokens", max_new_tokens)
     try:
         evaluation.check_settings(k, temperature, top_p, template)
         engine_args = _vllm_settings(engine, vllm_args, device)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    try:
-        problems = [(path, evaluation.load_benchmark(path, prompt_field, answer_field, limit)) for path in benchmarks]
+    if len(named) != len(named_paths):
+        raise click.UsageError(f"give one --path per --benchmark ({len(named)} --benchmark, {len(named_paths)} --path)")
+    if not benchmarks and not named:
+        raise click.UsageError("give benchmark files (BENCH...) or --benchmark NAME --path FILE")
+    explicit_template = click.get_current_context().get_parameter_source("template") is ParameterSource.COMMANDLINE
+    try:  # (name, path, rows, template) per benchmark
+        problems = [(path.stem, path, evaluation.load_benchmark(path, prompt_field, answer_field, limit, data_format),
+                     template) for path in benchmarks]
+        for name, path in zip(named, named_paths):
+            benchmark, rows = load_named_benchmark(name, path, limit)
+            problems.append((name, path, rows, template if explicit_template else benchmark.template))
     except (ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from None
-    with build_verifier(verifier, timeout=5.0, workers=None) as checker:
+    with build_verifier(verifier, timeout=settings.get("verifier_timeout", 5.0), workers=None) as checker:
         try:
-            for _, rows in problems:
+            for _, _, rows, _ in problems:
                 validate_golds(rows, checker)
             _verify_source(Path(model_source).expanduser())
             model, tokenizer = evaluation.load_model(model_source, base_model)
@@ -144,16 +198,16 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], verifier: str,
         except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
             raise click.ClickException(str(exc)) from None
         entries = []
-        for path, rows in problems:
-            click.echo(f"{path.stem}: {len(rows)} problems x {k} responses ...", err=True)
+        for name, path, rows, prompt_template in problems:
+            click.echo(f"{name}: {len(rows)} problems x {k} responses ...", err=True)
             try:
                 result = evaluation.evaluate_model(
                     sampler, tokenizer, rows, checker, k=k, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, template=template,
+                    max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, template=prompt_template,
                     chat_template=chat_template)
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from None
-            entries.append({"name": path.stem, "path": str(path), **result.to_dict()})
+            entries.append({"name": name, "path": str(path), "template": prompt_template, **result.to_dict()})
     average = {metric: sum(e[metric] for e in entries) / len(entries) for metric in ("accuracy", "avg@k", "pass@k")}
     report = {
         "model": model_source, "base_model": base_model,

@@ -18,6 +18,7 @@ from ggpo_lightning.cli.data import data_group
 from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.eval import eval_command
 from ggpo_lightning.cli.experiments import report_command, sweep_command
+from ggpo_lightning.cli.recipes import recipes_group
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -43,6 +44,7 @@ def main(debug: bool) -> None:
 
 main.add_command(verifiers_group, "verifiers")
 main.add_command(data_group, "data")
+main.add_command(recipes_group, "recipes")
 main.add_command(eval_command, "eval")
 main.add_command(sweep_command, "sweep")
 main.add_command(report_command, "report")

@@ -30,16 +30,26 @@ class SyntheticDataConfig:
     """Seed of the problem generator."""
 
 
-def build_quickstart_inputs(config: Any) -> None:
+def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = False) -> None:
     """What the parsed recipe ``config`` asks to be built: the synthetic data (``synthetic_data``) into
     ``data.train_path``'s folder when that file is missing, then the tiny model (``tiny_model``) at
-    ``model.model_name_or_path`` when that folder is missing."""
+    ``model.model_name_or_path`` when that folder is missing.
+
+    Synthetic data is built only where the recipe itself says: a ``data.train_path`` given on the command line
+    without ``synthetic_data`` settings there too (``train_path_from_command_line``) that does not exist is a
+    :class:`SettingsError` naming the key, raised before anything is written (a typo in a path must not scatter
+    generated data next to it)."""
     synthetic = config.get("synthetic_data")
     if synthetic is not None:
         train_path = config["data"].get("train_path")
         if train_path is None:
-            raise SettingsError("synthetic_data is generated into the folder of data.train_path; set data.train_path "
-                                "(e.g. runs/quickstart/data/train.jsonl)")
+            raise SettingsError("synthetic_data is generated into the folder of data.train_path; set "
+                                "data.train_path (e.g. runs/quickstart/data/train.jsonl)")
+        if not Path(train_path).is_file() and train_path_from_command_line:
+            raise SettingsError(f"data.train_path {train_path} does not exist; synthetic_data is generated only at "
+                                "the recipe's own data.train_path: give an existing file, or drop "
+                                "--data.train_path to use the recipe's synthetic data (to generate it at this path, "
+                                "set a --synthetic_data option too)")
         if not Path(train_path).is_file():
             settings = synthetic_data_config(config)
             write_splits(settings.task, Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)

@@ -92,21 +92,27 @@ def migrate_keys(recipe: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def check_renamed_keys(args: list[str]) -> list[str]:
-    """``args`` (``ggpo-train``'s command line) with each saved run configuration among its ``--config`` files
-    migrated (:func:`migrate_keys`; passed on as YAML text, the file is not rewritten); raise ValueError listing
+    """``args`` (``ggpo-train``'s command line) with each saved run configuration among its ``--config`` / ``-c``
+    files migrated (:func:`migrate_keys`; passed on as YAML text, the file is not rewritten); raise ValueError listing
     every renamed key left in the recipes and overrides, each with its new key and where it was found."""
     problems: list[str] = []
     args = list(args)
     for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args) and Path(args[i + 1]).is_file():
-            path = Path(args[i + 1])
+        flag, equals, inline = arg.partition("=")  # --config PATH, -c PATH, --config=PATH
+        given = inline if equals else (args[i + 1] if i + 1 < len(args) else "")
+        if flag in ("--config", "-c") and "\n" not in given and Path(given).is_file():
+            path = Path(given)
             recipe = yaml.safe_load(path.read_text()) or {}
             if is_saved_config(path) and isinstance(recipe, dict):
                 recipe, moves = migrate_keys(recipe)
                 if moves:
                     warnings.warn(f"{path}: a run configuration saved by an earlier version; renamed keys migrated "
                                   f"({', '.join(moves)})", stacklevel=2)
-                    args[i + 1] = yaml.safe_dump(recipe, sort_keys=False)
+                    migrated = yaml.safe_dump(recipe, sort_keys=False)
+                    if equals:
+                        args[i] = f"{flag}={migrated}"
+                    else:
+                        args[i + 1] = migrated
             problems += _renamed(_flatten(recipe), str(path))
         elif arg.startswith("--") and not arg.startswith("--config"):
             key, _, inline = arg[2:].partition("=")

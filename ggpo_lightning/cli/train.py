@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentError
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -23,7 +24,11 @@ from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.training.module import GGPOModule
 from ggpo_lightning.training.preflight import check_run
+from ggpo_lightning.training.settings import check_model_settings
+from ggpo_lightning.training.samples import SampleLog
+from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
@@ -49,9 +54,13 @@ class GGPOTrainCLI(LightningCLI):
 
     run_lock = None
     """The open lock file of the run directory (held until the process exits)."""
+    train_path_from_command_line = False
+    """Whether ``--data.train_path`` was given on the command line without ``--synthetic_data`` settings (synthetic
+    data is then built only at the recipe's own path)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(SampleLog, "samples")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.every_n_train_steps": 100, "checkpoint.save_last": True})
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="Resume from this checkpoint.")
@@ -67,9 +76,27 @@ class GGPOTrainCLI(LightningCLI):
                             help="Generate the synthetic arithmetic task into the folder of data.train_path when "
                                  "that file does not exist (the quickstart's data).")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse as LightningCLI does; a mistake is one :class:`SettingsError` line (an unknown key with the closest
+        valid one, a bad value with its key), and ``--print_config`` prints only a recipe whose values the run
+        would accept."""
+        given = [str(a) for a in (sys.argv[1:] if args is None else args)] if not isinstance(args, dict) else []
+        try:
+            if any(a.startswith("--print_config") for a in given):  # jsonargparse prints and exits in the parse
+                config = parser.parse_args([a for a in given if not a.startswith("--print_config")]).as_dict()
+                PromptGroupDataModule(**config["data"])  # its constructor checks data.* and reads no file
+                check_model_settings(config["model"])
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise SettingsError(explain_parse_error(str(err), known_keys(parser))) from None
+        # a command line that sets synthetic_data itself asks for it at its own data.train_path
+        self.train_path_from_command_line = _on_command_line(given, "data.train_path") and not _on_command_line(
+            given, "synthetic_data")
+
     def before_instantiate_classes(self) -> None:
         check_devices(self.config["trainer"]["accelerator"], self.config["trainer"]["devices"])
-        build_quickstart_inputs(self.config)  # before the data and model.model_name_or_path are read
+        # before the data and model.model_name_or_path are read
+        build_quickstart_inputs(self.config, self.train_path_from_command_line)
         check_run(self.config.as_dict(), self.config.get("ckpt_path"))
         if launched_as_global_rank_zero():
             self.run_lock = lock_logger_directory(self.config["trainer"])
@@ -103,12 +130,18 @@ def launched_as_global_rank_zero() -> bool:
     return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
 
 
+def _on_command_line(args: list[str], key: str) -> bool:
+    """Whether ``args`` set ``key`` or a key under it (``--key V``, ``--key=V``, ``--key.sub V``)."""
+    return any(a == f"--{key}" or a.startswith((f"--{key}=", f"--{key}.")) for a in args)
+
+
 def lock_logger_directory(trainer_config: Any):
     """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`)
     and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
 
-    None (no lock) when the logger is off or does not take a ``version`` (``save_dir/name/version`` loggers do:
-    CSV, TensorBoard). Also removes what killed earlier runs left half-written in the sibling run directories
+    None (no lock) when the logger is off, does not take a ``version`` (``save_dir/name/version`` loggers do:
+    CSV, TensorBoard) or has no ``log_dir`` (W&B's ``version`` is its run id; its files go under its own
+    ``save_dir/wandb/``). Also removes what killed earlier runs left half-written in the sibling run directories
     and their ``checkpoints/`` (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
     from lightning.pytorch.cli import instantiate_class
 
@@ -116,6 +149,8 @@ def lock_logger_directory(trainer_config: Any):
     if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
         return None
     instance = instantiate_class((), logger.as_dict())
+    if getattr(instance, "log_dir", None) is None:  # a version but no folder of its own (W&B: its run id)
+        return None
     run_dir = Path(instance.log_dir)
     handle = lock_run_directory(run_dir)
     logger["init_args"]["version"] = instance.version
@@ -176,6 +211,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         auto_configure_optimizers=False,  # the module's optimizer covers the learner only
         save_config_kwargs={"overwrite": True},
         trainer_defaults=TRAINER_DEFAULTS,
+        parser_kwargs={"exit_on_error": False},  # parse_arguments turns the error into one line
         args=args,
     )
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))

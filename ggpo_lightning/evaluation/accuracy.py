@@ -36,24 +36,24 @@ from ggpo_lightning.models.checkpoint import CHECKPOINT_KEY, learner_weights, re
 from ggpo_lightning.core.distributed import rank_share, sum_across_ranks, world
 from ggpo_lightning.models.sharding import is_sharded
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
-from ggpo_lightning.records.prompts import PromptRow, read_records
+from ggpo_lightning.records.errors import DataError
+from ggpo_lightning.records.formats import detect_format
+from ggpo_lightning.records.prompts import PromptRow, load_prompt_rows, read_records
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation
-from ggpo_lightning.rollouts.group import encode_prompt
+from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.hf_engine import generate_responses
 from ggpo_verifiers import Verifier
-from ggpo_verifiers.extract import last_boxed
 
 __all__ = ["EvalConfig", "EvalResult", "accuracy_across_ranks", "avg_at_k", "check_settings", "count_correct",
            "count_correct_with_engine", "decoding_settings", "evaluate_model", "heldout_accuracy", "load_benchmark",
            "load_model", "pass_at_k"]
 
 PROMPT_FIELDS = ("problem", "question", "prompt")
-"""Prompt fields tried in this order when ``prompt_field`` is not given."""
+"""Prompt fields tried in this order when ``prompt_field`` is not given (``prompt-answer`` layout)."""
 ANSWER_FIELDS = ("answer", "solution")
-"""Answer fields tried in this order when ``answer_field`` is not given."""
-BOXED_FIELDS = ("solution",)
-"""Answer fields holding a worked solution: the gold is its last ``\\boxed{...}``."""
+"""Answer fields tried in this order when ``answer_field`` is not given (``prompt-answer`` layout)."""
+EVAL_HINT = "map yours with --prompt-field / --answer-field, or choose the layout with --format"
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -90,56 +90,43 @@ def _detect(found: dict[str, Any], given: str | None, candidates: Sequence[str])
 
 
 def load_benchmark(path: str | Path, prompt_field: str | None = None, answer_field: str | None = None,
-                   limit: int | None = None) -> list[PromptRow]:
-    """Problems and gold answers of a JSONL or Parquet benchmark file.
+                   limit: int | None = None, format: str | None = None) -> list[PromptRow]:
+    """Problems and gold answers of a JSONL or Parquet benchmark file, read as training reads its data
+    (:func:`~ggpo_lightning.records.prompts.load_prompt_rows`: one schema, the gold extracted once).
 
-    The layout is detected on the first record: the prompt is the first of
-    ``problem``, ``question``, ``prompt`` it has, the gold the first of ``answer``,
-    ``solution`` (so ``problem``/``answer``, ``question``/``answer`` and
-    ``prompt``/``solution`` files load as they are); ``prompt_field`` /
-    ``answer_field`` override either half. From a ``solution`` field the gold is the
-    solution's last ``\\boxed{...}``; any other field is the gold as it is. Ids come
-    from an ``id`` field, else ``file:line``. ``limit`` keeps the first N problems.
+    ``format`` is the layout (:data:`~ggpo_lightning.records.formats.FORMATS`); None = detected on the first
+    record (:func:`~ggpo_lightning.records.formats.detect_format`: verl, MATH, GSM8K), else the ``prompt-answer``
+    layout with the prompt the first of ``problem``, ``question``, ``prompt`` the record has and the gold the
+    first of ``answer``, ``solution``. Giving ``prompt_field`` / ``answer_field`` chooses the ``prompt-answer``
+    layout with those fields (the other half still detected). Ids come from an ``id`` field, else
+    ``file:line``. ``limit`` keeps the first N problems.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the layout is unknown (lists the fields found and the flags
-            ``--prompt-field`` / ``--answer-field``), a record lacks a field, a
-            solution has no box, or the file has no records (each names ``file:line``).
+        DataError (a ValueError): the layout is unknown (lists the fields found and the flags
+            ``--prompt-field`` / ``--answer-field`` / ``--format``), a record lacks a field, a solution has no
+            box, or the file has no records (each names ``file:line``).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark file {path} does not exist")
-    rows: list[PromptRow] = []
-    fields: tuple[str, str] | None = None
-    for number, record in read_records(path):
-        where = f"{path}:{number}"
-        if fields is None:
-            prompt, answer = _detect(record, prompt_field, PROMPT_FIELDS), _detect(record, answer_field, ANSWER_FIELDS)
-            if prompt is None or answer is None:
-                raise ValueError(
-                    f"{where}: unknown benchmark layout (fields: {', '.join(sorted(record))}); expected a prompt "
-                    f"field ({', '.join(PROMPT_FIELDS)}) and an answer field ({', '.join(ANSWER_FIELDS)}); map "
-                    f"yours with --prompt-field and --answer-field")
-            fields = (prompt, answer)
-        for name, flag in zip(fields, ("--prompt-field", "--answer-field")):
-            if record.get(name) is None:
-                raise ValueError(f"{where}: missing field {name!r} (fields: {', '.join(sorted(record))}); "
-                                 f"choose another with {flag}")
-        gold = str(record[fields[1]])
-        if fields[1] in BOXED_FIELDS:
-            boxed = last_boxed(gold)
-            if boxed is None:
-                raise ValueError(f"{where}: field {fields[1]!r} has no \\boxed{{...}} answer to take as the gold; "
-                                 f"name a field with the bare answer with --answer-field")
-            gold = boxed
-        row_id = str(record["id"]) if record.get("id") is not None else f"{path.name}:{number}"
-        rows.append(PromptRow(row_id, str(record[fields[0]]), gold, where))
-        if len(rows) == limit:
-            break
-    if not rows:
-        raise ValueError(f"{path}: no problems found")
-    return rows
+    first = next(iter(read_records(path)), None)
+    if first is None:
+        raise DataError(f"{path}: no problems found")
+    number, record = first
+    if format is None and prompt_field is None and answer_field is None:
+        format = detect_format(record)
+    if format is None:
+        prompt_field, answer_field = _detect(record, prompt_field, PROMPT_FIELDS), _detect(record, answer_field,
+                                                                                            ANSWER_FIELDS)
+        if prompt_field is None or answer_field is None:
+            raise DataError(
+                f"{path}:{number}: unknown benchmark layout (fields: {', '.join(sorted(record))}); expected a prompt "
+                f"field ({', '.join(PROMPT_FIELDS)}) and an answer field ({', '.join(ANSWER_FIELDS)}); map "
+                f"yours with --prompt-field and --answer-field, or choose the layout with --format")
+        format = "prompt-answer"
+    rows = load_prompt_rows(path, prompt_field or "prompt", answer_field or "answer", format=format, hint=EVAL_HINT)
+    return rows[:limit]
 
 
 # ----------------------------------------------------------------------------- models
@@ -393,14 +380,16 @@ def accuracy_across_ranks(correct: list[int], k: int, total_prompts: int, device
 def evaluate_model(model: PreTrainedModel | EvalEngine, tokenizer: PreTrainedTokenizerBase,
                    rows: Sequence[PromptRow], verifier: Verifier, k: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
-                   template: str = "{prompt}", chat_template: bool = False) -> EvalResult:
+                   template: str = "{prompt}", chat_template: bool | ChatTemplate | dict[str, Any] = False
+                   ) -> EvalResult:
     """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones (one process).
 
     ``model``: a transformers model, or an engine holding one (:func:`~ggpo_lightning.rollouts.engines.eval_engine`,
     ``ggpo eval --engine vllm``; ``batch_size`` then does not apply).
 
-    Prompts are ``template.format(prompt=row.prompt)``, wrapped as a user turn of the
-    tokenizer's chat template when ``chat_template``. ``k == 1`` with ``temperature == 0``
+    Prompts are ``template.format(prompt=row.prompt)``, wrapped as the last user turn of the
+    tokenizer's chat template when ``chat_template`` (true, or :class:`~ggpo_lightning.rollouts.group.ChatTemplate`
+    settings: system prompt, template arguments; after the row's ``messages``). ``k == 1`` with ``temperature == 0``
     decodes greedily; otherwise samples at ``temperature`` with nucleus ``top_p`` (no
     top-k cut). ``batch_size`` is sequences per ``generate`` call; sampling is a function
     of ``seed`` (:func:`count_correct`). The gold answers should pass
@@ -412,7 +401,7 @@ def evaluate_model(model: PreTrainedModel | EvalEngine, tokenizer: PreTrainedTok
     if chat_template and not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat-template is set but the tokenizer has no chat template; use --no-chat-template "
                          "or an instruction-tuned model")
-    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template) for r in rows]
+    prompts = [encode_prompt(tokenizer, _apply_template(template, r.prompt), chat_template, r.messages) for r in rows]
     golds = [r.gold for r in rows]
     if not isinstance(model, torch.nn.Module):
         correct = count_correct_with_engine(model, tokenizer, prompts, golds, verifier, k, temperature, top_p,

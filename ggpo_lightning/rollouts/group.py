@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from ggpo_verifiers import VerifierStats
@@ -15,7 +16,7 @@ from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine, cached_weight_casts
 
-__all__ = ["GroupRollout", "RolloutCounts", "encode_prompt"]
+__all__ = ["ChatTemplate", "GroupRollout", "RolloutCounts", "chat_messages", "chat_settings", "encode_prompt"]
 
 
 class GroupRollout:
@@ -29,7 +30,8 @@ class GroupRollout:
     ``verifier`` is set once its worker pool is started (the module's ``setup``).
     """
 
-    def __init__(self, engine: RolloutEngine, tokenizer, config: RolloutConfig, chat_template: bool = False) -> None:
+    def __init__(self, engine: RolloutEngine, tokenizer, config: RolloutConfig,
+                 chat_template: bool | ChatTemplate = False) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
@@ -40,8 +42,9 @@ class GroupRollout:
         self.verify_seconds = 0.0
         self.generated_samples = 0
 
-    def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text, self.chat_template)
+    def encode(self, text: str, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """A prompt's token ids (:func:`encode_prompt`; ``messages``: the row's conversation)."""
+        return encode_prompt(self.tokenizer, text, self.chat_template, messages)
 
     def truncated(self, response_ids: list[int]) -> bool:
         """The response reached ``sampling.max_new_tokens`` without EOS (cut, not finished)."""
@@ -53,7 +56,7 @@ class GroupRollout:
         start = time.perf_counter()
         k = self.config.k
         with cached_weight_casts(self.engine):
-            generations = self.engine.generate([self.encode(r.prompt) for r in rows], k, self.config.sampling)
+            generations = self.engine.generate([self.encode(r.prompt, r.messages) for r in rows], k, self.config.sampling)
         responses = [text for g in generations for text in g.responses]
         verify_start = time.perf_counter()
         rewards = self.verifier.score_batch(responses, [r.gold for r in rows for _ in range(k)])
@@ -93,13 +96,51 @@ class RolloutCounts:
     """The verifier's outcome counts (correct, wrong, timeout, crashed, ...)."""
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int]:
-    """Token ids of a prompt: the text as it is (base models), or as a user turn of the
-    tokenizer's chat template with the generation prompt appended (instruction-tuned models)."""
-    if chat_template:
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
+@dataclass
+class ChatTemplate:
+    """How prompts are wrapped by the tokenizer's chat template (``model.chat_template`` as settings; ``true`` is
+    these defaults): each prompt is the last user turn of its conversation, after the row's own earlier turns
+    (``messages`` in the data) and a system turn."""
+
+    system: str | None = None
+    """A system prompt, put first unless the row's conversation has a system turn of its own; None = none."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """More arguments of the template, e.g. ``{"enable_thinking": false}`` for Qwen3."""
+
+
+def chat_settings(chat_template: bool | ChatTemplate | dict[str, Any] | None) -> ChatTemplate | None:
+    """``model.chat_template`` as :class:`ChatTemplate` (``true`` = the defaults, a dict its fields), or None when
+    off (false, null)."""
+    if not chat_template:
+        return None
+    if chat_template is True:
+        return ChatTemplate()
+    if isinstance(chat_template, ChatTemplate):
+        return chat_template
+    return ChatTemplate(**dict(chat_template))
+
+
+def chat_messages(text: str, chat: ChatTemplate, messages: Sequence[dict[str, Any]] | None = None) -> list[dict]:
+    """The conversation of one prompt: the row's ``messages`` with ``text`` (the templated prompt) as the last user
+    turn (replacing the row's own last user turn, which ``text`` was made from), after ``chat.system`` unless the
+    row has a system turn."""
+    turns = [dict(m) for m in messages or ()]
+    if turns and turns[-1].get("role") == "user":
+        turns.pop()
+    turns.append({"role": "user", "content": text})
+    if chat.system is not None and not any(t.get("role") == "system" for t in turns):
+        turns.insert(0, {"role": "system", "content": chat.system})
+    return turns
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool | ChatTemplate | dict[str, Any] | None = False,
+                  messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of a prompt: the text as it is (base models; ``messages`` unused), or with a chat template
+    (:func:`chat_settings`) the conversation of :func:`chat_messages` with the generation prompt appended
+    (instruction-tuned models)."""
+    chat = chat_settings(chat_template)
+    if chat is not None:
+        encoded = tokenizer.apply_chat_template(chat_messages(text, chat, messages), add_generation_prompt=True,
+                                                tokenize=True, return_dict=True, **chat.kwargs)
         return list(encoded["input_ids"])
     return tokenizer(text)["input_ids"]
-
-

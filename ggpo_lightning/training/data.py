@@ -40,6 +40,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from ggpo_lightning.records.errors import MissingFileError, SettingsError
 from ggpo_lightning.records.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.core.distributed import all_gather_objects, interleave, rank_share, world
+from ggpo_lightning.records.errors import DataError, SettingsError
+from ggpo_lightning.records.formats import FORMATS
 from ggpo_lightning.records.prompts import PromptRow, load_dataset_rows, load_prompt_rows
 from ggpo_lightning.rollouts.group import RolloutCounts
 from ggpo_lightning.rollouts.source import RolloutBatch, RolloutSource
@@ -95,8 +97,10 @@ class PromptGroupDataModule(L.LightningDataModule):
         dataset_config: the dataset's configuration name, if it has several.
         train_split: ``dataset``'s split for training.
         val_split: ``dataset``'s split for held-out accuracy; None = no validation.
-        prompt_field: record field with the problem text.
-        answer_field: record field with the gold answer.
+        format: the rows' layout (``prompt-answer``, ``math``, ``gsm8k``, ``verl``:
+            :mod:`~ggpo_lightning.records.formats`); the gold is extracted from a worked solution once, at loading.
+        prompt_field: ``prompt-answer`` layout: record field with the problem text.
+        answer_field: ``prompt-answer`` layout: record field with the gold answer.
         id_field: record field with a stable id (missing ids become ``file:line``).
         prompt_template: Python format string over the record's fields, e.g.
             ``"Problem: {prompt}\\nAnswer:"``.
@@ -124,6 +128,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         dataset_config: str | None = None,
         train_split: str = "train",
         val_split: str | None = "test",
+        format: str = "prompt-answer",
         prompt_field: str = "prompt",
         answer_field: str = "answer",
         id_field: str | None = "id",
@@ -145,6 +150,8 @@ class PromptGroupDataModule(L.LightningDataModule):
                           f"(a datasets name), got train_path={train_path!r}, dataset={dataset!r}")
         if dataset is not None and val_path is not None:
             errors.append("data.val_path goes with data.train_path; with data.dataset use data.val_split")
+        if format not in FORMATS:
+            errors.append(f"data.format must be one of {', '.join(FORMATS)}, got {format!r}")
         if mode not in MODES:
             errors.append(f"data.mode must be one of {MODES}, got {mode!r}")
         if prompts_per_step < 1:
@@ -158,7 +165,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         self.train_path, self.val_path = train_path, val_path
         self.dataset = dict(name=dataset, config_name=dataset_config, train_split=train_split, val_split=val_split)
         self.fields = dict(prompt_field=prompt_field, answer_field=answer_field, id_field=id_field,
-                           template=prompt_template)
+                           template=prompt_template, format=format)
         self.mode = mode
         self.prompts_per_step = prompts_per_step
         self.buffer_path = buffer_path
@@ -202,6 +209,9 @@ class PromptGroupDataModule(L.LightningDataModule):
         if self.train_path is not None and not Path(self.train_path).is_file():
             raise MissingFileError(f"data.train_path {self.train_path} does not exist; check the path (or, for the "
                                    "synthetic task, set synthetic_data to generate it there)")
+        if self.val_path is not None and not Path(self.val_path).is_file():
+            raise DataError(f"data.val_path {self.val_path} does not exist; give the held-out prompt file, or "
+                            "--data.val_path null for no held-out accuracy")
         if self.buffer_path is not None and not Path(self.buffer_path).is_file():
             raise MissingFileError(f"data.buffer_path {self.buffer_path} does not exist; give a behavior buffer "
                                    "JSONL file (a run's behavior_buffer.jsonl)")

@@ -50,7 +50,7 @@ from ggpo_lightning.records.prompts import PromptRow, validate_golds
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine
 from ggpo_lightning.rollouts.engines import make_engine
-from ggpo_lightning.rollouts.group import GroupRollout
+from ggpo_lightning.rollouts.group import ChatTemplate, GroupRollout
 from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig
 from ggpo_lightning.rollouts.source import RolloutBatch, make_source
 from ggpo_lightning.training.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
@@ -95,7 +95,8 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         gradient_checkpointing: recompute activations in backward (less memory, more time).
         max_nan_steps: stop after this many non-finite losses in a row.
         chat_template: wrap each prompt as a user turn with the tokenizer's chat template
-            (instruction-tuned models); False = the prompt text as it is (base models).
+            (instruction-tuned models): true, or settings with a system prompt and template arguments
+            (:class:`~ggpo_lightning.rollouts.group.ChatTemplate`); False = the prompt text as it is (base models).
         lora: train a LoRA adapter on the frozen base instead of all weights (needs
             ``peft``; see :mod:`ggpo_lightning.models.lora`).
         micro_batch: ``max_tokens``: padded tokens per micro-batch (activation memory bounded by it, gradients
@@ -122,7 +123,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         shared_prefix: bool = True,
         gradient_checkpointing: bool = False,
         max_nan_steps: int = 10,
-        chat_template: bool = False,
+        chat_template: bool | ChatTemplate = False,
         lora: LoraSettings | None = None,
         micro_batch: MicroBatchConfig | None = None,
         lr_scheduler: LRScheduleConfig | None = None,
@@ -322,7 +323,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         # no generation meanwhile (async rollouts share the global RNG, seeded here, and the verifier pool)
         with self.source.paused():
             accuracy, checks = heldout_accuracy(self.learner, self.tokenizer,
-                                                [self.group_rollout.encode(r.prompt) for r in rows], [r.gold for r in rows],
+                                                [self.group_rollout.encode(r.prompt, r.messages) for r in rows], [r.gold for r in rows],
                                                 self.group_rollout.verifier, self.eval_config,
                                                 self.rollout_config.sampling.top_p,
                                                 self.rollout_config.sampling.max_new_tokens, self.device)

@@ -35,7 +35,7 @@ from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
 from ggpo_lightning.rollouts.engines import placement_run_errors
-from ggpo_lightning.rollouts.group import encode_prompt
+from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
 
@@ -54,7 +54,7 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
         tokenizer, model_config = _tokenizer_and_config(name)
         check_prompt_lengths(datamodule.train_rows + datamodule.val_rows, tokenizer,
                              _context_length(model_config, tokenizer), _max_new_tokens(model),
-                             bool(model.get("chat_template")))
+                             model.get("chat_template"))
         if datamodule.buffer_path is not None:
             check_buffer_tokens(datamodule.buffer_path, model_config.vocab_size)
     if ckpt_path is not None:  # a sharded one under several processes: each hashes its share at the load
@@ -112,7 +112,7 @@ def _max_new_tokens(model: dict[str, Any]) -> int:
 
 
 def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | None, max_new_tokens: int,
-                         chat_template: bool) -> None:
+                         chat_template: bool | ChatTemplate | dict[str, Any] | None) -> None:
     """Raise ValueError naming ``file:line`` of the first prompt whose tokens plus ``max_new_tokens`` exceed
     the model's ``context``.
 
@@ -132,12 +132,12 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | N
     overhead = len(encode_prompt(tokenizer, "", chat_template))
     longest = max(map(len, tokenizer.get_vocab()), default=1)
     for row in rows:
-        if len(row.prompt.encode()) + overhead <= room:
-            continue
+        if row.messages is None and len(row.prompt.encode()) + overhead <= room:
+            continue  # (a conversation's earlier turns count too: tokenized below)
         if len(row.prompt) > room * longest:
             length = f"at least {-(-len(row.prompt) // longest)}"
         else:
-            length = len(encode_prompt(tokenizer, row.prompt, chat_template))
+            length = len(encode_prompt(tokenizer, row.prompt, chat_template, row.messages))
             if length <= room:
                 continue
         raise DataError(f"{row.source}: the prompt is {length} tokens; with max_new_tokens {max_new_tokens} "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from typing import Any
+
 from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.core.objectives import ObjectiveConfig
 from ggpo_lightning.core.schedule import LRScheduleConfig
@@ -11,7 +15,7 @@ from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.health import VerifierHealthConfig
 
-__all__ = ["check_settings", "run_settings"]
+__all__ = ["check_model_settings", "check_settings", "run_settings"]
 
 
 def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
@@ -37,6 +41,30 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
         errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
     if errors:
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def check_model_settings(model: dict[str, Any]) -> None:
+    """:func:`check_settings` on a parsed recipe's ``model`` group (a plain dict, as ``--print_config`` has it,
+    before any class is built): the values the module would refuse, refused without loading anything."""
+    lora = model.get("lora")
+    check_settings(_build(ObjectiveConfig, model.get("objective")), _build(RolloutConfig, model.get("rollout")),
+                   _build(EvalConfig, model.get("eval")), model.get("verifier", "math"),
+                   model.get("verifier_timeout", 5.0), _build(VerifierHealthConfig, model.get("verifier_health")),
+                   model.get("ref_refresh_every", 160), model.get("max_nan_steps", 10),
+                   _build(LoraSettings, lora) if lora else None, _build(MicroBatchConfig, model.get("micro_batch")),
+                   _build(LRScheduleConfig, model["lr_scheduler"]) if model.get("lr_scheduler") else None)
+
+
+def _build(cls: type, value: Any) -> Any:
+    """The dataclass ``cls`` from its parsed dict (None = its defaults), nested dataclass fields built too."""
+    if value is None or dataclasses.is_dataclass(value):
+        return value or cls()
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for name, item in value.items():
+        nested = [t for t in (hints.get(name), *typing.get_args(hints.get(name))) if dataclasses.is_dataclass(t)]
+        fields[name] = _build(nested[0], item) if nested and isinstance(item, dict) else item
+    return cls(**fields)
 
 
 def run_settings(objective: ObjectiveConfig, rollout: RolloutConfig, model_name_or_path: str,

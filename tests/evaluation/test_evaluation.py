@@ -183,7 +183,7 @@ def test_the_command_prints_a_table_and_writes_json(tiny_model_dir, bench, tmp_p
     assert set(report) == {"model", "base_model", "settings", "benchmarks", "average"}
     assert report["settings"]["k"] == 2 and report["settings"]["verifier"] == "numeric"
     first, second = report["benchmarks"]
-    assert set(first) == {"name", "path", "problems", "k", "accuracy", "avg@k", "pass@k", "per_problem"}
+    assert set(first) == {"name", "path", "template", "problems", "k", "accuracy", "avg@k", "pass@k", "per_problem"}
     assert first["name"] == "sums" and second["name"] == "again" and first["problems"] == 4
     assert [first[m] for m in ("k", "accuracy", "per_problem")] == [second[m] for m in ("k", "accuracy", "per_problem")]
     assert [p["id"] for p in first["per_problem"]] == ["a", "b", "c", "d"]
@@ -227,3 +227,28 @@ def test_a_run_directory_and_its_checkpoint_are_model_sources(run_dir, tiny_mode
                     "--max-new-tokens", "3")
     assert result.exit_code == 0, result.output
     assert result.stdout == invoke(run_dir, bench, "--verifier", "numeric", "--max-new-tokens", "3").stdout
+
+
+def test_a_run_directory_is_evaluated_with_its_recipes_settings(run_dir, bench, tmp_path):
+    """Finding 5: ``ggpo eval RUN_DIR`` used ``{prompt}``, 512 new tokens and the math verifier, not the run's."""
+    import shutil
+
+    import yaml
+
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["data"]["prompt_template"] = "Q: {prompt}"  # a template of its own, to be seen in the report
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    result = invoke(run_dir, bench, "--json", tmp_path / "run.json")
+    assert result.exit_code == 0, result.output
+    settings = json.loads((tmp_path / "run.json").read_text())["settings"]
+    assert settings["template"] == "Q: {prompt}"
+    assert settings["max_new_tokens"] == config["model"]["rollout"]["sampling"]["max_new_tokens"] == 3
+    assert settings["verifier"] == config["model"]["verifier"] == "numeric"
+    assert settings["chat_template"] is False
+    assert f"settings of the run ({run_dir / 'config.yaml'})" in result.stderr
+    explicit = invoke(run_dir, bench, "--template", config["data"]["prompt_template"], "--max-new-tokens", "3",
+                      "--verifier", "numeric", "--no-chat-template")
+    assert explicit.stdout in result.stdout  # the same evaluation, spelt out (then the line naming the JSON)
+    invoke(run_dir, bench, "--max-new-tokens", "1", "--json", tmp_path / "short.json")
+    assert json.loads((tmp_path / "short.json").read_text())["settings"]["max_new_tokens"] == 1  # a flag wins

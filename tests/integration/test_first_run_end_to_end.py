@@ -1,0 +1,72 @@
+"""A new user's first run end to end (issue 25): standard math files converted, the 1.7B recipe's data and template
+settings trained for 2 steps on a tiny Qwen3-shaped model on CPU, the run evaluated with its own settings; and the
+README's GPU command as written (plus a local model and the CPU), through the preflight and one step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from first_run_data import gsm8k_records, math_records
+from ggpo_lightning.cli.main import main
+from ggpo_lightning.cli.train import run_training
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-1.7b-math.yaml"
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def ggpo(*args: str):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_convert_train_and_evaluate_with_the_runs_settings(tmp_path, qwen3_model_dir):
+    math_raw = write_jsonl(tmp_path / "MATH-train.jsonl", math_records(20))
+    gsm_raw = write_jsonl(tmp_path / "gsm8k-test.jsonl", gsm8k_records(20))
+    ggpo("data", "convert", "--format", "math", math_raw, tmp_path / "data" / "math.jsonl")
+    ggpo("data", "convert", "--format", "gsm8k", gsm_raw, tmp_path / "data" / "gsm8k.jsonl")
+    cli = run_training([
+        "--config", str(RECIPE),
+        "--data.train_path", str(tmp_path / "data" / "math.jsonl"),
+        "--data.val_path", str(tmp_path / "data" / "gsm8k.jsonl"), "--data.val_size", "4",
+        "--model.model_name_or_path", str(qwen3_model_dir), "--trainer.accelerator", "cpu",
+        # small enough for CPU; the recipe's data, prompt template, verifier and objective stay as they are
+        "--trainer.max_steps", "2", "--data.prompts_per_step", "4", "--model.rollout.k", "2",
+        "--model.rollout.sampling.max_new_tokens", "6", "--model.eval.max_new_tokens", "5",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+    ])
+    run_dir = Path(cli.trainer.log_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["optimizer_steps"] == 2 and summary["recipe"] == "qwen3-1.7b-math"
+    assert (run_dir / "final_model" / "config.json").is_file()
+    recipe = yaml.safe_load(RECIPE.read_text())
+    report_path = tmp_path / "eval.json"
+    result = ggpo("eval", run_dir, tmp_path / "data" / "math.jsonl", "--limit", "3", "--json", report_path)
+    settings = json.loads(report_path.read_text())["settings"]
+    assert settings["template"] == recipe["data"]["prompt_template"]  # the run's, not {prompt}
+    assert settings["max_new_tokens"] == 5 and settings["verifier"] == recipe["model"]["verifier"] == "math"
+    assert "math  " in result.output and json.loads(report_path.read_text())["benchmarks"][0]["problems"] == 3
+
+
+@pytest.mark.slow
+def test_the_readme_gpu_command_as_written_runs_one_step_on_cpu(tmp_path, qwen3_model_dir, monkeypatch):
+    """``ggpo-train --config recipes/qwen3-1.7b-math.yaml --data.train_path math.jsonl`` plus a local model, the
+    CPU and one step: the recipe's own batch (32 prompts x K=8) and lengths (1024 new tokens)."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "MATH.jsonl", math_records(40))
+    ggpo("data", "convert", "--format", "math", "MATH.jsonl", "math.jsonl")
+    cli = run_training(["--config", str(RECIPE), "--data.train_path", "math.jsonl",
+                        "--model.model_name_or_path", str(qwen3_model_dir), "--trainer.accelerator", "cpu",
+                        "--trainer.max_steps", "1"])
+    run_dir = Path(cli.trainer.log_dir)
+    assert run_dir.resolve().parent == (tmp_path / "runs" / "qwen3-1.7b-math").resolve()
+    assert json.loads((run_dir / "summary.json").read_text())["optimizer_steps"] == 1
