@@ -207,7 +207,9 @@ class WorkerPool:
             self._receive(worker, batch)
         now = time.monotonic()
         for worker in busy:
-            if worker in self._workers and worker.deadline <= now:
+            # a result received just now (at or past its deadline) has finished the task: nothing to expire
+            still_busy = worker.task is not None or not worker.ready
+            if worker in self._workers and still_busy and worker.deadline <= now:
                 self._expire(worker, batch)
 
     def _receive(self, worker: _Worker, batch: _Batch) -> None:
