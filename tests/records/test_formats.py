@@ -11,7 +11,8 @@ from ggpo_verifiers import get_verifier
 
 @pytest.mark.parametrize("solution,gold", [
     ("We add: $\\boxed{2}$.", "2"),
-    ("first \\boxed{1}, finally \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last box
+    ("first \\boxed{1}. Finally \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last box
+    ("\\boxed{2} and \\boxed{3}", "2, 3"),  # boxes of one answer, chained as the verifier reads them
     ("nested \\boxed{\\sqrt{\\frac{a}{b}}} done", "\\sqrt{\\frac{a}{b}}"),  # brace matching
     ("It is \\fbox{7}", "7"),
     ("So the answer is \\boxed 5.", "5"),
