@@ -328,6 +328,7 @@ class PromptGroupDataModule(L.LightningDataModule):
             rollout = self.source.next_batch(step)
         elif not self._filled:
             rollout = self._fill_offline()
+            self._filled = True  # only once the fill succeeded: a failed one is retried on resume
         else:
             rollout = RolloutBatch([], RolloutCounts())
         self.buffer.add(rollout.groups)
@@ -344,7 +345,6 @@ class PromptGroupDataModule(L.LightningDataModule):
         model, saved as ``behavior_buffer.jsonl`` (their rollout is returned for its metrics; the groups are
         added by the caller)."""
         rank, world_size = world()
-        self._filled = True
         if self.buffer_path is not None:
             return RolloutBatch(rank_share(BehaviorBuffer.load_jsonl(self.buffer_path).groups(), rank, world_size))
         count = self.offline_prompts or len(self.train_rows)
