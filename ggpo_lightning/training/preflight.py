@@ -39,7 +39,7 @@ from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape, precision_bytes
 from ggpo_lightning.records.prompts import PromptRow
-from ggpo_lightning.rollouts.config import DTYPES, RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.config import DTYPES, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig, vllm_available
 from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
@@ -51,6 +51,7 @@ __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens", "check_me
 def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     """Raise the first problem of the recipe ``config`` (a plain dict) that needs no model weights to find."""
     _check_optimizer(config["model"].get("optimizer"))
+    _check_engine_installed(config["model"].get("rollout") or {})
     _check_processes(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     datamodule.load_rows()
@@ -76,6 +77,14 @@ def _check_optimizer(optimizer: Any) -> None:
     lr = init_args.get("lr")
     if isinstance(lr, (int, float)) and not lr > 0:
         raise SettingsError(f"model.optimizer.init_args.lr must be > 0, got {lr}")
+
+
+def _check_engine_installed(rollout: dict[str, Any]) -> None:
+    """``model.rollout.engine: vllm`` where vLLM is not installed: one line with the two ways out. (The recipe
+    itself is valid, and prints with ``--print_config``, on any machine.)"""
+    if rollout.get("engine") == "vllm" and not vllm_available():
+        raise SettingsError("model.rollout.engine: vllm needs vLLM, which is not installed here: "
+                            f"{VLLM_INSTALL_HINT}; or sample with the HF engine: --model.rollout.engine hf")
 
 
 def _processes(trainer: dict[str, Any]) -> int:
