@@ -11,10 +11,10 @@ sharing a sharded model, ``b`` bytes of a parameter under the precision):
   tensors a decoder layer saves per token (:func:`layer_bytes_per_token`); with gradient checkpointing only each
   layer's input is kept, plus one layer's tensors while it is recomputed; plus the output head's chunk of
   log-probs (``3 * chunk * V * 4`` bytes: logits, log-softmax and their gradient, in float32);
-- the rollout engine: the HF engine (and vLLM on CPU) keeps its copy of the weights (``P * engine bytes``; none when it samples with
-  the learner itself) and, while it generates, its KV cache (``2 * layers * kv_heads * head_dim * bytes`` per token
-  of its batch); a colocated vLLM engine takes ``gpu_memory_utilization`` of the device while it generates and
-  sleeps (weights offloaded, cache freed) while the learner trains.
+- the rollout engine: the HF engine (and vLLM on CPU) keeps its copy of the weights (``P * engine bytes``; none when
+  it samples with the learner itself) and, while it generates, its KV cache (``2 * layers * kv_heads * head_dim *
+  bytes`` per token of its batch); a colocated vLLM engine takes ``gpu_memory_utilization`` of the device while it
+  generates and sleeps (weights offloaded, cache freed) while the learner trains.
 
 The engine generates and the learner runs its forward and backward at different times (in sync mode; in async
 mode both parts add up), so
@@ -150,8 +150,8 @@ class MemoryEstimate:
         excess = self.total - (self.device_memory or 0)
         if self.activations >= self.engine_generating and self.activations >= excess:
             checkpointing = "" if self.gradient_checkpointing else ", or set model.gradient_checkpointing: true"
-            return (f"lower model.micro_batch.max_tokens (activations {self.activations / GB:.2f} GB per micro-batch of "
-                    f"{self.micro_batch_tokens} tokens){checkpointing}")
+            return (f"lower model.micro_batch.max_tokens (activations {self.activations / GB:.2f} GB per micro-batch "
+                    f"of {self.micro_batch_tokens} tokens){checkpointing}")
         if self.engine_generating >= excess:
             key = ("model.rollout.vllm_args.gpu_memory_utilization" if self.engine.startswith("vllm")
                    else "model.rollout.sampling.generation_batch_size")

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class UpdateHooks(L.LightningModule):
     """LightningModule hooks of the update. A training step that returns ``train_start`` (its clock) and
-    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update (on a GPU also
-    ``train/peak_memory_gb``, ``torch.cuda.max_memory_allocated``). The subclass sets ``optimizer_factory`` (learner parameters -> optimizer),
+    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update (on a GPU
+    also ``train/peak_memory_gb``, ``torch.cuda.max_memory_allocated``). The subclass sets ``optimizer_factory``
+    (learner parameters -> optimizer),
     ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
 
     def configure_optimizers(self) -> Any:

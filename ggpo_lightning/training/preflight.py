@@ -191,8 +191,9 @@ def check_memory(estimate: MemoryEstimate, enforce: bool = True) -> None:
         print(estimate.table(), flush=True)
     if enforce and not estimate.fits():
         raise SettingsError(
-            f"the run needs about {estimate.total / 1e9:.1f} GB per device but {estimate.device} has "
-            f"{estimate.device_memory / 1e9:.1f} GB (the estimate printed above): {estimate.advice()}; "
+            f"the run needs about {estimate.total / 1e9:.1f} GB per device, more than the "
+            f"{estimate.device_memory / 1e9:.1f} GB of {estimate.device} (the estimate printed above): "
+            f"{estimate.advice()}; "
             "--memory_check false starts it anyway")
 
 
@@ -217,12 +218,13 @@ def _device_memory(on_gpu: bool) -> tuple[int | None, str]:
             kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return None, "the host"
-    return kib * 1024, "the host (available memory)"
+    return kib * 1024, "the host's available memory"
 
 
 def _longest_prompt_tokens(rows: list[PromptRow], tokenizer: Any,
                            chat_template: bool | ChatTemplate | dict[str, Any] | None) -> int:
-    """Tokens of the longest prompt in UTF-8 bytes, with its template (one row tokenized: cheap on any file)."""
+    """Tokens of the longest prompt in UTF-8 bytes, with its template (one row tokenized: cheap on any file); 0
+    without rows (a ``datasets`` dataset's prompts load with the run: the estimate then counts responses only)."""
     if not rows:
         return 0
     row = max(rows, key=lambda r: len(r.prompt.encode()) + sum(len(str(m)) for m in r.messages or ()))

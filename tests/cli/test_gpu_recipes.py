@@ -55,7 +55,7 @@ def test_the_estimate_is_printed_before_the_weights_load(tmp_path, qwen3_model_d
     assert "memory per device (estimate, before the weights load):" in out
     for part in ("weights", "gradients", "optimizer state", "reference", "activations", "rollout engine"):
         assert part in out
-    assert "per micro-batch of 32768 tokens" in out and "(the host (available memory))" in out
+    assert "per micro-batch of 32768 tokens" in out and "(the host's available memory)" in out
     assert "hf: " in out
     assert len(loads) == 1
 
@@ -63,7 +63,7 @@ def test_the_estimate_is_printed_before_the_weights_load(tmp_path, qwen3_model_d
 def test_a_run_that_does_not_fit_names_the_key_before_the_weights_load(tmp_path, qwen3_model_dir, loads,
                                                                          monkeypatch):
     monkeypatch.setattr("ggpo_lightning.training.preflight._device_memory", lambda on_gpu: (10**6, "GPU 0"))
-    with pytest.raises(SettingsError, match=r"the run needs about .* GB per device but GPU 0 has 0\.0 GB .*"
+    with pytest.raises(SettingsError, match=r"the run needs about .* GB per device, more than the 0\.0 GB of GPU 0 .*"
                                             r"lower model\.micro_batch\.max_tokens") as error:
         run_training(recipe_args(tmp_path, qwen3_model_dir, "--model.rollout.engine", "hf"))
     assert "\n" not in str(error.value) and not loads

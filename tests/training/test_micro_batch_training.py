@@ -72,9 +72,12 @@ def test_async_micro_batched_updates_take_the_single_pass_gradient_of_their_batc
 
     plans = []
     two_pass_loss = module_file.two_pass_loss
-    monkeypatch.setattr(module_file, "two_pass_loss",
-                        lambda learner, batch, plan, *args: plans.append(len(plan)) or two_pass_loss(learner, batch, plan,
-                                                                                                    *args))
+
+    def counted(learner, batch, plan, *args):
+        plans.append(len(plan))
+        return two_pass_loss(learner, batch, plan, *args)
+
+    monkeypatch.setattr(module_file, "two_pass_loss", counted)
     torch.manual_seed(0)
     rollout = RolloutConfig(k=4, schedule="async", async_worker="thread", max_staleness=1,
                             sampling=SamplingConfig(max_new_tokens=3))
