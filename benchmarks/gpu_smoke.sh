@@ -15,7 +15,8 @@
 # query / 8 key-value heads of 128, MLP 6144), randomly initialised, with the tiny
 # word-level vocabulary (so 1.41B parameters: no 151936-row embedding), and
 # MAX_NEW_TOKENS=1024 (the paper's; a random model runs every response to the limit) in
-# micro-batches of MICRO_TOKENS=16384 padded tokens (model.micro_batch.max_tokens; empty = one pass).
+# micro-batches of MICRO_TOKENS=32768 padded tokens (model.micro_batch.max_tokens; empty = one pass), and
+# ENGINE=vllm by default, as the qwen3-1.7b-math recipe (ENGINE=hf is its fallback).
 # PLACEMENT=separate runs that engine in a process of its own (model.rollout.vllm_placement),
 # VLLM_DEVICE=1 on GPU 1 (model.rollout.vllm_devices; the trainer then uses DEVICES=1, GPU 0);
 # MODE=async generates in the producer thread while the learner trains (one trainer process).
@@ -24,19 +25,21 @@
 # backward, optimizer) and rollout tokens/s (summed over ranks), and the median of each
 # after the first step; on GPUs the peak memory in use per GPU (nvidia-smi, every 0.5 s:
 # learner, reference, optimizer and the vLLM engine together); with ENGINE=vllm how often
-# vLLM slept (its "Sleep mode freed" lines) and the engine's weight syncs.
+# vLLM slept (its "Sleep mode freed" lines) and the engine's weight syncs; on GPUs the peak of
+# torch.cuda.max_memory_allocated (rank 0; train/peak_memory_gb) beside the memory estimate ggpo-train
+# printed before the weights load (vLLM's share counts in the estimate and in nvidia-smi's figure).
 # Exit status is ggpo-train's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ACCELERATOR=${ACCELERATOR:-gpu}
-ENGINE=${ENGINE:-hf}
 MICRO_TOKENS=${MICRO_TOKENS:-}
 SHAPE=${SHAPE:-}
 if [ "$SHAPE" = qwen3-1.7b ]; then
+    ENGINE=${ENGINE:-vllm}  # as the recipe
     HIDDEN=${HIDDEN:-2048} LAYERS=${LAYERS:-28} HEADS=${HEADS:-16} KV_HEADS=${KV_HEADS:-8}
     INTERMEDIATE=${INTERMEDIATE:-6144} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-1024} PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-32}
-    MICRO_TOKENS=${MICRO_TOKENS:-16384}  # the paper's batch (32 x 8 x 1024 new tokens) in micro-batches
+    MICRO_TOKENS=${MICRO_TOKENS:-32768}  # the paper's batch (32 x 8 x 1024 new tokens) in micro-batches
     GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-true}  # as the qwen3-1.7b-math recipe
 elif [ -n "$SHAPE" ]; then
     echo "gpu_smoke: unknown SHAPE=$SHAPE (known: qwen3-1.7b)" >&2; exit 2
@@ -45,6 +48,7 @@ if [ -z "${DEVICES:-}" ]; then
     DEVICES=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "$DEVICES" -ge 1 ] || { echo "gpu_smoke: no GPU found (nvidia-smi -L); set ACCELERATOR=cpu DEVICES=2 for a dry run" >&2; exit 2; }
 fi
+ENGINE=${ENGINE:-hf}
 PRECISION=${PRECISION:-bf16-mixed}
 STEPS=${STEPS:-10}
 HIDDEN=${HIDDEN:-512}
@@ -92,6 +96,7 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2pr
     --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
     --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
+    --synthetic_data.seed 0 \
     --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE" "${engine_args[@]}" \
     ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"} \
     2>&1 | tee "$WORK/train.log"
@@ -109,8 +114,8 @@ if [ "$ENGINE" = vllm ]; then
 fi
 [ "$status" -eq 0 ] || exit "$status"
 
-"$PY" - "$WORK/runs/smoke/version_0/metrics.csv" <<'PYEOF'
-import csv, statistics, sys
+"$PY" - "$WORK/runs/smoke/version_0/metrics.csv" "$WORK/train.log" <<'PYEOF'
+import csv, re, statistics, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("train/train_tokens_per_s")]
 train = [float(r["train/train_tokens_per_s"]) for r in rows]
 rollout = [float(r["train/rollout_tokens_per_s"]) for r in csv.DictReader(open(sys.argv[1]))
@@ -123,4 +128,9 @@ lengths = [float(r["train/response_length"]) for r in csv.DictReader(open(sys.ar
 cut = [float(r["train/truncated_share"]) for r in csv.DictReader(open(sys.argv[1])) if r.get("train/truncated_share")]
 if lengths:
     print(f"responses: mean length {statistics.mean(lengths):.0f} tokens, truncated share {statistics.mean(cut):.2f}")
+peaks = [float(r["train/peak_memory_gb"]) for r in csv.DictReader(open(sys.argv[1])) if r.get("train/peak_memory_gb")]
+estimate = re.findall(r"^  total +([\d.]+) GB", open(sys.argv[2]).read(), re.MULTILINE)
+if peaks:
+    print(f"peak torch.cuda.max_memory_allocated: {max(peaks):.2f} GB (rank 0); the estimate printed at start: "
+          f"{estimate[0] if estimate else '?'} GB per device")
 PYEOF

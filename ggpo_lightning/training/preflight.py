@@ -14,7 +14,10 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   (the tokenizer and ``config.json`` load, the weights do not);
 - the token ids of a behavior buffer against the model's vocabulary;
 - the checkpoint to resume from: complete, and its checksum verified
-  (:func:`~ggpo_lightning.records.integrity.check_checkpoint`).
+  (:func:`~ggpo_lightning.records.integrity.check_checkpoint`);
+- the memory the run will take per device (:mod:`~ggpo_lightning.models.memory`: printed, and refused when it
+  exceeds the GPU's memory, or on CPU the host's available memory, unless ``--memory_check false``);
+- with ``model.rollout.engine: vllm``, that vLLM is installed.
 
 The module checks its own settings first thing in its constructor, also before loading.
 Prompts read from a ``datasets`` dataset (``data.dataset``) are checked when the run
@@ -28,23 +31,30 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ggpo_lightning.core.distributed import launched_as_global_rank_zero
 from ggpo_lightning.records.errors import DataError, SettingsError
 from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import check_checkpoint
 from ggpo_lightning.models.loading import looks_like_path
+from ggpo_lightning.models.lora import LoraSettings
+from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape
 from ggpo_lightning.records.prompts import PromptRow
-from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.core.microbatch import MicroBatchConfig
+from ggpo_lightning.rollouts.config import (VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig,
+                                           vllm_available)
 from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
+from ggpo_lightning.training.settings import build_config
 
-__all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens"]
+__all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens", "check_memory", "run_memory_estimate"]
 
 
 def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     """Raise the first problem of the recipe ``config`` (a plain dict) that needs no model weights to find."""
     _check_optimizer(config["model"].get("optimizer"))
+    _check_engine_installed(config["model"].get("rollout") or {})
     _check_processes(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     datamodule.load_rows()
@@ -57,6 +67,9 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
                              model.get("chat_template"))
         if datamodule.buffer_path is not None:
             check_buffer_tokens(datamodule.buffer_path, model_config.vocab_size)
+        prompt_tokens = _longest_prompt_tokens(datamodule.train_rows + datamodule.val_rows, tokenizer,
+                                               model.get("chat_template"))
+        check_memory(run_memory_estimate(config, model_config, prompt_tokens), config.get("memory_check", True))
     if ckpt_path is not None:  # a sharded one under several processes: each hashes its share at the load
         sharded_load = Path(ckpt_path).is_dir() and int(os.environ.get("WORLD_SIZE", "1")) > 1
         check_checkpoint(ckpt_path, content=not sharded_load)
@@ -69,14 +82,27 @@ def _check_optimizer(optimizer: Any) -> None:
         raise SettingsError(f"model.optimizer.init_args.lr must be > 0, got {lr}")
 
 
+def _check_engine_installed(rollout: dict[str, Any]) -> None:
+    """``model.rollout.engine: vllm`` where vLLM is not installed: one line with the two ways out. (The recipe
+    itself is valid, and prints with ``--print_config``, on any machine.)"""
+    if rollout.get("engine") == "vllm" and not vllm_available():
+        raise SettingsError("model.rollout.engine: vllm needs vLLM, which is not installed here: "
+                            f"{VLLM_INSTALL_HINT}; or sample with the HF engine: --model.rollout.engine hf")
+
+
+def _processes(trainer: dict[str, Any]) -> int:
+    """The run's processes: ``trainer.devices`` x ``trainer.num_nodes`` (``auto`` and device lists count 1)."""
+    processes = 1
+    for count in (str(trainer.get("devices")), str(trainer.get("num_nodes"))):
+        processes *= int(count) if count.isdigit() else 1
+    return processes
+
+
 def _check_processes(config: dict[str, Any]) -> None:
     """``model.rollout.schedule: async`` and the separate vLLM engine with what they do not run with (their own
     settings: ``RolloutConfig.errors``): several processes, offline data."""
     rollout = config["model"].get("rollout") or {}
-    trainer = config.get("trainer") or {}
-    processes = 1
-    for count in (str(trainer.get("devices")), str(trainer.get("num_nodes"))):  # "auto" and device lists pass
-        processes *= int(count) if count.isdigit() else 1
+    processes = _processes(config.get("trainer") or {})
     placement = RolloutConfig(engine=rollout.get("engine") or "hf",
                               vllm_placement=rollout.get("vllm_placement") or "colocated")
     errors = placement_run_errors(placement, processes)
@@ -109,6 +135,95 @@ def _max_new_tokens(model: dict[str, Any]) -> int:
         f.default for f in fields(SamplingConfig) if f.name == "max_new_tokens")
     evaluation = (model.get("eval") or {}).get("max_new_tokens") or 0
     return max(rollout, evaluation)
+
+
+SHARDING_STRATEGIES = ("ModelParallelStrategy", "FSDPStrategy", "fsdp")
+"""Strategies (class names, Lightning's names) that shard weights, gradients and optimizer state over the processes."""
+OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1}
+"""Optimizer state tensors per parameter, by class name (``SGD``: its momentum buffer); any other: 2 (Adam's)."""
+
+
+def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens: int) -> MemoryEstimate:
+    """The per-device :class:`~ggpo_lightning.models.memory.MemoryEstimate` of the recipe ``config`` (a plain dict)
+    for the model of ``model_config`` (its ``config.json``), prompts of up to ``prompt_tokens`` tokens."""
+    model, trainer = config["model"], config.get("trainer") or {}
+    rollout = build_config(RolloutConfig, model.get("rollout"))
+    lora = build_config(LoraSettings, model["lora"]) if model.get("lora") else None
+    processes = _processes(trainer)
+    strategy = trainer.get("strategy")
+    strategy_name = str(strategy.get("class_path") if isinstance(strategy, dict) else strategy)
+    sharded = processes > 1 and any(name in strategy_name for name in SHARDING_STRATEGIES)
+    optimizer = model.get("optimizer")
+    optimizer_name = str(optimizer.get("class_path", "") if isinstance(optimizer, dict) else "").rsplit(".", 1)[-1]
+    momentum = ((optimizer or {}).get("init_args") or {}).get("momentum", 0) if isinstance(optimizer, dict) else 0
+    states = 0 if optimizer_name == "SGD" and not momentum else OPTIMIZER_STATES.get(optimizer_name, 2)
+    responses = -(-int(config["data"].get("prompts_per_step") or 1) // processes) * rollout.k  # this process's share
+    row = prompt_tokens + _max_new_tokens(model)
+    step_tokens = responses * row  # padded: every row as long as the longest
+    budget = build_config(MicroBatchConfig, model.get("micro_batch")).max_tokens
+    on_gpu = _on_gpu(trainer.get("accelerator"))
+    device_memory, device = _device_memory(on_gpu)
+    separate = rollout.engine == "vllm" and rollout.vllm_placement == "separate"
+    share = rollout.vllm_args.get("gpu_memory_utilization", VLLM_GPU_MEMORY_SHARE)
+    return estimate_memory(
+        model_shape(model_config, lora.target_modules if lora else None, lora.r if lora else 0),
+        precision=trainer.get("precision") or "32-true", world_size=processes, sharded=sharded,
+        lora=lora is not None, optimizer_states=states, gradient_checkpointing=model["gradient_checkpointing"],
+        micro_batch_tokens=min(max(budget, row), step_tokens) if budget else step_tokens,
+        logprob_chunk_size=model["logprob_chunk_size"], attention_row=0 if on_gpu else row,
+        engine="vllm-separate" if separate else rollout.engine,
+        engine_bytes=rollout.torch_dtype.itemsize if rollout.torch_dtype else None,
+        engine_shares_learner=rollout.engine == "hf" and rollout.hf_engine_shares_learner(lora is not None),
+        engine_tokens=min(rollout.sampling.generation_batch_size, responses) * row,
+        vllm_memory=int(share * device_memory) if rollout.engine == "vllm" and on_gpu and device_memory else None,
+        engine_overlaps=rollout.schedule == "async", device_memory=device_memory, device=device)
+
+
+def check_memory(estimate: MemoryEstimate, enforce: bool = True) -> None:
+    """Print ``estimate`` (the first process only) and, when ``enforce``, raise a one-line SettingsError naming the
+    recipe key to change when it exceeds the device's memory."""
+    if launched_as_global_rank_zero():
+        print(estimate.table(), flush=True)
+    if enforce and not estimate.fits():
+        raise SettingsError(
+            f"the run needs about {estimate.total / 1e9:.1f} GB per device, more than the "
+            f"{estimate.device_memory / 1e9:.1f} GB of {estimate.device} (the estimate printed above): "
+            f"{estimate.advice()}; "
+            "--memory_check false starts it anyway")
+
+
+def _on_gpu(accelerator: Any) -> bool:
+    import torch
+
+    name = str(accelerator).lower()
+    return name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available())
+
+
+def _device_memory(on_gpu: bool) -> tuple[int | None, str]:
+    """This process's GPU's memory, or on CPU the host's available memory (``/proc/meminfo``); None if unknown."""
+    if on_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None, "the GPU"
+        index = int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count()
+        return torch.cuda.get_device_properties(index).total_memory, f"GPU {index}"
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None, "the host"
+    return kib * 1024, "the host's available memory"
+
+
+def _longest_prompt_tokens(rows: list[PromptRow], tokenizer: Any,
+                           chat_template: bool | ChatTemplate | dict[str, Any] | None) -> int:
+    """Tokens of the longest prompt in UTF-8 bytes, with its template (one row tokenized: cheap on any file); 0
+    without rows (a ``datasets`` dataset's prompts load with the run: the estimate then counts responses only)."""
+    if not rows:
+        return 0
+    row = max(rows, key=lambda r: len(r.prompt.encode()) + sum(len(str(m)) for m in r.messages or ()))
+    return len(encode_prompt(tokenizer, row.prompt, chat_template, row.messages))
 
 
 def check_prompt_lengths(rows: list[PromptRow], tokenizer: Any, context: int | None, max_new_tokens: int,

@@ -15,7 +15,7 @@ from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.health import VerifierHealthConfig
 
-__all__ = ["check_model_settings", "check_settings", "run_settings"]
+__all__ = ["build_config", "check_model_settings", "check_settings", "run_settings"]
 
 
 def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
@@ -47,15 +47,15 @@ def check_model_settings(model: dict[str, Any]) -> None:
     """:func:`check_settings` on a parsed recipe's ``model`` group (a plain dict, as ``--print_config`` has it,
     before any class is built): the values the module would refuse, refused without loading anything."""
     lora = model.get("lora")
-    check_settings(_build(ObjectiveConfig, model.get("objective")), _build(RolloutConfig, model.get("rollout")),
-                   _build(EvalConfig, model.get("eval")), model.get("verifier", "math"),
-                   model.get("verifier_timeout", 5.0), _build(VerifierHealthConfig, model.get("verifier_health")),
+    check_settings(build_config(ObjectiveConfig, model.get("objective")), build_config(RolloutConfig, model.get("rollout")),
+                   build_config(EvalConfig, model.get("eval")), model.get("verifier", "math"),
+                   model.get("verifier_timeout", 5.0), build_config(VerifierHealthConfig, model.get("verifier_health")),
                    model.get("ref_refresh_every", 160), model.get("max_nan_steps", 10),
-                   _build(LoraSettings, lora) if lora else None, _build(MicroBatchConfig, model.get("micro_batch")),
-                   _build(LRScheduleConfig, model["lr_scheduler"]) if model.get("lr_scheduler") else None)
+                   build_config(LoraSettings, lora) if lora else None, build_config(MicroBatchConfig, model.get("micro_batch")),
+                   build_config(LRScheduleConfig, model["lr_scheduler"]) if model.get("lr_scheduler") else None)
 
 
-def _build(cls: type, value: Any) -> Any:
+def build_config(cls: type, value: Any) -> Any:
     """The dataclass ``cls`` from its parsed dict (None = its defaults), nested dataclass fields built too."""
     if value is None or dataclasses.is_dataclass(value):
         return value or cls()
@@ -63,7 +63,7 @@ def _build(cls: type, value: Any) -> Any:
     fields = {}
     for name, item in value.items():
         nested = [t for t in (hints.get(name), *typing.get_args(hints.get(name))) if dataclasses.is_dataclass(t)]
-        fields[name] = _build(nested[0], item) if nested and isinstance(item, dict) else item
+        fields[name] = build_config(nested[0], item) if nested and isinstance(item, dict) else item
     return cls(**fields)
 
 

@@ -39,6 +39,7 @@ def test_convert_train_and_evaluate_with_the_runs_settings(tmp_path, qwen3_model
         "--data.train_path", str(tmp_path / "data" / "math.jsonl"),
         "--data.val_path", str(tmp_path / "data" / "gsm8k.jsonl"), "--data.val_size", "4",
         "--model.model_name_or_path", str(qwen3_model_dir), "--trainer.accelerator", "cpu",
+        "--model.rollout.engine", "hf",  # the recipe's fallback: vLLM is not in this venv
         # small enough for CPU; the recipe's data, prompt template, verifier and objective stay as they are
         "--trainer.max_steps", "2", "--data.prompts_per_step", "4", "--model.rollout.k", "2",
         "--model.rollout.sampling.max_new_tokens", "6", "--model.eval.max_new_tokens", "5",
@@ -60,13 +61,14 @@ def test_convert_train_and_evaluate_with_the_runs_settings(tmp_path, qwen3_model
 @pytest.mark.slow
 def test_the_readme_gpu_command_as_written_runs_one_step_on_cpu(tmp_path, qwen3_model_dir, monkeypatch):
     """``ggpo-train --config recipes/qwen3-1.7b-math.yaml --data.train_path math.jsonl`` plus a local model, the
-    CPU and one step: the recipe's own batch (32 prompts x K=8) and lengths (1024 new tokens)."""
+    CPU, the HF engine (the recipe's fallback where vLLM is not installed) and one step: the recipe's own batch
+    (32 prompts x K=8) and lengths (1024 new tokens)."""
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "MATH.jsonl", math_records(40))
     ggpo("data", "convert", "--format", "math", "MATH.jsonl", "math.jsonl")
     cli = run_training(["--config", str(RECIPE), "--data.train_path", "math.jsonl",
                         "--model.model_name_or_path", str(qwen3_model_dir), "--trainer.accelerator", "cpu",
-                        "--trainer.max_steps", "1"])
+                        "--model.rollout.engine", "hf", "--trainer.max_steps", "1"])
     run_dir = Path(cli.trainer.log_dir)
     assert run_dir.resolve().parent == (tmp_path / "runs" / "qwen3-1.7b-math").resolve()
     assert json.loads((run_dir / "summary.json").read_text())["optimizer_steps"] == 1

@@ -1,5 +1,7 @@
 """A micro-batched run trains as the single-pass run: the same losses and the same weights at the same seed, down
-to a budget smaller than one group; gradient clipping sees the accumulated gradients."""
+to a budget smaller than one group; gradient clipping sees the accumulated gradients. With asynchronous rollouts
+(whose sampled responses depend on timing) each update's accumulated gradient equals the single-pass gradient of
+the same step's batch."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 
 from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
 
 from training_runs import fit, make_data, make_module
 
@@ -45,6 +48,50 @@ def test_micro_batched_training_matches_the_single_pass(tiny_model_dir, data_dir
     assert micro.losses == pytest.approx(single.losses, rel=1e-5, abs=1e-5)
     for n, value in single.first_update.items():
         torch.testing.assert_close(micro.first_update[n], value, rtol=1e-5, atol=1e-5)
+
+
+class SinglePassGradient(L.Callback):
+    """At every update: the accumulated (micro-batched) gradient, and the single-pass gradient of the same step's
+    batch (the module's ``pack`` records it) taken beside it with ``torch.autograd.grad``, before clipping."""
+
+    def __init__(self, module) -> None:
+        self.batches, self.pairs = [], []
+        pack = module.pack
+        module.pack = lambda groups: self.batches.append(pack(groups)) or self.batches[-1]
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        params = [p for p in pl_module.learner.parameters() if p.requires_grad]
+        loss, _ = pl_module.step_loss(self.batches[-1])  # one pass: every response's activations at once
+        single = torch.autograd.grad(loss, params)
+        self.pairs.append(([p.grad.detach().clone() for p in params], single))
+
+
+def test_async_micro_batched_updates_take_the_single_pass_gradient_of_their_batch(tiny_model_dir, data_dir,
+                                                                                   monkeypatch):
+    from ggpo_lightning.training import module as module_file
+
+    plans = []
+    two_pass_loss = module_file.two_pass_loss
+
+    def counted(learner, batch, plan, *args):
+        plans.append(len(plan))
+        return two_pass_loss(learner, batch, plan, *args)
+
+    monkeypatch.setattr(module_file, "two_pass_loss", counted)
+    torch.manual_seed(0)
+    rollout = RolloutConfig(k=4, schedule="async", async_worker="thread", max_staleness=1,
+                            sampling=SamplingConfig(max_new_tokens=3))
+    module = make_module(tiny_model_dir, rollout=rollout, objective=ObjectiveConfig(behavior_anchor=0.04),
+                         micro_batch=MicroBatchConfig(max_tokens=7),  # below any row: every response alone
+                         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
+    record = SinglePassGradient(module)
+    fit(module, make_data(data_dir), steps=3, callbacks=[record], gradient_clip_val=1.0)
+    assert plans == [12, 12, 12] == [b.input_ids.shape[0] for b in record.batches]  # 3 groups x K=4, split
+    assert len(record.pairs) == 3
+    for accumulated, single in record.pairs:
+        assert any(g.abs().sum() > 0 for g in single)
+        for a, b in zip(accumulated, single):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_negative_budget_is_an_error_naming_the_key(tiny_model_dir):
