@@ -5,6 +5,7 @@ README's GPU command as written (plus a local model and the CPU), through the pr
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from first_run_data import gsm8k_records, math_records
 from ggpo_lightning.cli.main import main
 from ggpo_lightning.cli.train import run_training
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-1.7b-math.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "qwen3-1.7b-math.yaml"
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -57,16 +59,29 @@ def test_convert_train_and_evaluate_with_the_runs_settings(tmp_path, qwen3_model
     assert "math  " in result.output and json.loads(report_path.read_text())["benchmarks"][0]["problems"] == 3
 
 
+def readme_command(program: str, marker: str) -> list[str]:
+    """The README's one command line that starts with ``program`` and carries the comment ``marker``, as argv
+    (comment dropped): the test runs what the README says, and follows it when it changes."""
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith(program + " ") and line.endswith(marker)]
+    assert len(lines) == 1, f"README.md: expected one '{program} ... {marker}' line, found {lines}"
+    return shlex.split(lines[0], comments=True)
+
+
 @pytest.mark.slow
 def test_the_readme_gpu_command_as_written_runs_one_step_on_cpu(tmp_path, qwen3_model_dir, monkeypatch):
-    """``ggpo-train --config recipes/qwen3-1.7b-math.yaml --data.train_path math.jsonl`` plus a local model, the
-    CPU and one step: the recipe's own batch (32 prompts x K=8) and lengths (1024 new tokens)."""
+    """The README's ``ggpo data convert ...`` and ``ggpo-train --config recipes/qwen3-1.7b-math.yaml ... # GPU``
+    lines as written, in a folder holding ``recipes/``, plus only a local model, the CPU and one step: the recipe's
+    own batch (32 prompts x K=8) and lengths (1024 new tokens) through the preflight and one update."""
+    convert = readme_command("ggpo data convert", "# the schema (see \"Data\" below)")
+    train = readme_command("ggpo-train --config recipes/qwen3-1.7b-math.yaml", "# GPU")
     monkeypatch.chdir(tmp_path)
-    write_jsonl(tmp_path / "MATH.jsonl", math_records(40))
-    ggpo("data", "convert", "--format", "math", "MATH.jsonl", "math.jsonl")
-    cli = run_training(["--config", str(RECIPE), "--data.train_path", "math.jsonl",
-                        "--model.model_name_or_path", str(qwen3_model_dir), "--trainer.accelerator", "cpu",
-                        "--trainer.max_steps", "1"])
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    write_jsonl(tmp_path / convert[-2], math_records(40))  # the input file the README names
+    ggpo(*convert[1:])
+    cli = run_training([*train[1:], "--model.model_name_or_path", str(qwen3_model_dir),
+                        "--trainer.accelerator", "cpu", "--trainer.max_steps", "1"])
     run_dir = Path(cli.trainer.log_dir)
     assert run_dir.resolve().parent == (tmp_path / "runs" / "qwen3-1.7b-math").resolve()
-    assert json.loads((run_dir / "summary.json").read_text())["optimizer_steps"] == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["optimizer_steps"] == 1 and summary["recipe"] == "qwen3-1.7b-math"
