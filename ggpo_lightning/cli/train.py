@@ -203,8 +203,9 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         warnings.filterwarnings("ignore", message=pattern)
     given = sys.argv[1:] if args is None else args
     checked = check_renamed_keys(given)
-    # the command line is LightningCLI's own unless a saved configuration was migrated
-    args = None if args is None and checked == given else checked
+    # the command line is LightningCLI's own unless a saved configuration was migrated (handing it the same list
+    # again makes it warn that args and a command line were both given: ggpo-train's own call)
+    args = None if checked == sys.argv[1:] else checked
     cli = GGPOTrainCLI(
         GGPOModule,
         PromptGroupDataModule,

@@ -132,3 +132,4 @@ def test_the_module_form_exits_as_the_console_script(tmp_path):
     assert results["module"][2] == results["script"][2]
     code, out, err = results["valid"]
     assert code == 0 and "objective" in out, err
+    assert "not recommended to provide both args and command line arguments" not in err  # LightningCLI's warning
