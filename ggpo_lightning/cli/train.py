@@ -29,7 +29,6 @@ from ggpo_lightning.training.samples import SampleLog
 from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
-from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
