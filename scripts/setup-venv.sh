@@ -4,13 +4,18 @@
 #
 #   VENV=.venv           where the environment lives
 #   PYTHON=python3       interpreter that creates it
-#   TORCH_SPEC=...       torch requirement installed first (see below)
+#   TORCH_SPEC=torch==2.13.0                               torch requirement installed first (see below)
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu   the index it comes from
 #
-# torch: pyproject.toml asks for a range (GPU users need their CUDA build). On a
-# machine without an NVIDIA GPU we install the CPU build first (torch==2.13.0 lies
-# on this kind of machine's disk), so the range is already met and pip does not
-# pull a multi-GB CUDA build. Override with TORCH_SPEC (and PIP_INDEX_URL / 
-# PIP_EXTRA_INDEX_URL for the PyTorch wheel index) where that build is not at hand.
+# torch: pyproject.toml asks for a range (GPU users need their CUDA build, which the
+# package index serves). On a machine without an NVIDIA GPU that range would pull the
+# multi-GB CUDA build too, so TORCH_SPEC is installed first from PyTorch's CPU wheel index
+# (the `+cpu` builds); the range is then met and pip pulls nothing more. Only torch comes
+# from that index (--no-deps): its own dependencies come from the package index with the
+# project's. pip also takes a CPU wheel it finds on disk through its find-links setting
+# (PIP_FIND_LINKS): where the CPU index cannot be reached, as on this project's machines
+# and CI, pip warns that it could not fetch the index page and installs that wheel. With
+# neither, pip fails with "No matching distribution" rather than fall back to CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -23,7 +28,8 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-    "$VENV/bin/python" -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+    "$VENV/bin/python" -m pip install --quiet --no-deps --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" \
+        "${TORCH_SPEC:-torch==2.13.0}"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
 touch "$stamp"

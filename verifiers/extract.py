@@ -204,9 +204,23 @@ FINAL_ANSWER_RE = re.compile(r"(?i)\bfinal answer.{0,100}?\s+is\b\s*:?\s*(?=\$|\
 math environment or a number follows it ("the final answer is correct" is no answer).
 After the last box it overrides the box: "\\boxed{200} ... The final answer is $10,455$"."""
 _GSM8K_RE = re.compile(r"####[ \t]*([^\n]*)")
+# The brace-less box "\boxed 5": its argument runs to the next space, brace, dollar or
+# command (TeX would box one token; datasets writing "\boxed 42" mean 42).
+_BARE_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*([^\s${}\\]+)")
 
 
-def gold_from_solution(text: str) -> str:
+def last_box(text: str) -> tuple[str, int] | None:
+    """The final boxed answer of ``text`` and the end of its box: ``box_group``'s, or a
+    brace-less ``\\boxed 5`` after it (``5``; a full stop, comma, colon or semicolon
+    ending the sentence is not part of it). None without either."""
+    group = box_group(text)
+    bare = list(_BARE_BOX_RE.finditer(text, group[1] if group else 0))
+    if bare and (answer := bare[-1].group(1).rstrip(".,;:")):
+        return answer, bare[-1].end()
+    return group
+
+
+def gold_from_solution(text: str, *, solution: bool = False) -> str:
     """The gold answer in ``text``, a dataset's gold field: a bare answer, or a whole
     solution that marks its final answer (MATH, NuminaMath, GSM8K, Minerva styles).
 
@@ -215,29 +229,37 @@ def gold_from_solution(text: str) -> str:
     1. after the last box, a "final answer is ..." phrase (Minerva: "Final Answer: The
        final answer is $28\\%$. I hope it is correct."): its answer, as ``answer_phrase``
        reads it;
-    2. the last ``\\boxed{}`` with the boxes chained to it, as for responses
-       (``box_group``): ``... so $n = \\boxed{1,-2}$.`` gives ``1,-2``;
-    3. GSM8K's ``#### 72``: the rest of the last ``####`` line;
+    2. the last box with the boxes chained to it, as for responses (``box_group``):
+       ``... so $n = \\boxed{1,-2}$.`` gives ``1,-2``; ``\\fbox{}`` alike; a brace-less
+       ``\\boxed 5`` after it (``last_box``) gives ``5``;
+    3. GSM8K's ``#### 72``: the rest of the last ``####`` line (as written: ``1,000``
+       stays, the verifiers read it as 1000);
     4. otherwise ``text`` itself (a bare answer; whether it parses is the verifier's
-       ``check_gold``), stripped.
+       ``check_gold``), stripped; but with ``solution=True`` (the field is a worked
+       solution: MATH's ``solution``, GSM8K's ``answer``) a text marking no answer
+       states no gold, and is refused.
 
-    Raises ``GoldAnswerError`` when the marked answer is empty or the last ``\\boxed{`` is
-    never closed: the row is broken, and guessing where its answer ends could reward
-    wrong responses. Pure string work, linear in ``len(text)``; data loaders call it
-    once per row (``ggpo data convert`` too), verifiers call it on every gold.
+    Raises ``GoldAnswerError`` when the marked answer is empty, the last ``\\boxed{`` is
+    never closed, or ``solution`` is set and nothing marks the answer: the row is broken,
+    and guessing where its answer ends could reward wrong responses (or score every
+    response 0). Pure string work, linear in ``len(text)``; data loaders call it once per
+    row (``ggpo data convert`` too), verifiers call it on every gold.
     """
-    group = box_group(text)
-    after_box = group[1] if group else 0
+    box = last_box(text)
+    after_box = box[1] if box else 0
     phrases = list(FINAL_ANSWER_RE.finditer(text, after_box))
     unclosed = _BOX_RE.search(text, after_box)
     if phrases:
         answer, marker = _answer_at(text[phrases[-1].end() :]) or "", "'final answer is'"
     elif unclosed is not None:
         raise GoldAnswerError(text, "its last \\boxed{ is never closed; fix the row")
-    elif group is not None:
-        answer, marker = group[0], "\\boxed{}"
+    elif box is not None:
+        answer, marker = box[0], "\\boxed{}"
     elif gsm8k := list(_GSM8K_RE.finditer(text)):
         answer, marker = gsm8k[-1].group(1), "'####'"
+    elif solution:
+        raise GoldAnswerError(text, "the solution marks no final answer (\\boxed{}, \\fbox{}, '#### ' "
+                                    "or 'the final answer is')")
     else:
         answer, marker = text, ""
     answer = answer.strip()

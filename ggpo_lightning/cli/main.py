@@ -7,7 +7,6 @@ Heavy modules (torch, transformers, lightning) are imported inside the commands,
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -161,23 +160,3 @@ def _echo_problem(problem: FiniteProblem, target: Tensor, mode: str, groups: int
     for name, values in (("rewards", problem.rewards), ("pi_ref", problem.ref_logp.exp()),
                          ("mu", problem.mu_logp.exp()), ("pi*", target.exp())):
         click.echo(f"  {name:8s} " + " ".join(f"{v:.3f}" for v in values.tolist()))
-
-
-def train_main(args: list[str] | None = None) -> None:
-    """``ggpo-train --config recipes/NAME.yaml [--model.objective.beta 0.05 ...]``: one training run.
-
-    A LightningCLI over :class:`~ggpo_lightning.training.module.GGPOModule` and
-    :class:`~ggpo_lightning.training.data.PromptGroupDataModule`; ``--print_config`` prints the
-    resolved recipe, ``--ckpt_path`` resumes a run. A user error (a setting, the data, the checkpoint, the
-    resume; :mod:`~ggpo_lightning.cli.errors`) prints one line and exits 2; ``--debug`` or ``GGPO_DEBUG=1``
-    shows its traceback.
-    """
-    from ggpo_lightning.rollouts.health import RunAborted
-    from ggpo_lightning.cli.train import exit_code, run_training
-
-    debug, args = debug_requested(sys.argv[1:] if args is None else args)
-    try:
-        report_user_errors("ggpo-train", lambda: run_training(args), debug)
-    except RunAborted as stop:  # the checkpoint and summary.json are saved (RunGuard); no traceback
-        print(f"ggpo-train: {stop.status}: {stop}", file=sys.stderr, flush=True)
-        sys.exit(exit_code(stop))

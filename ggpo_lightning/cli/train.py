@@ -27,15 +27,15 @@ from ggpo_lightning.training.module import GGPOModule
 from ggpo_lightning.training.preflight import check_run
 from ggpo_lightning.training.settings import check_model_settings
 from ggpo_lightning.training.samples import SampleLog
+from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
-from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
 __all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
-           "run_training"]
+           "run_training", "train_main"]
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -196,8 +196,9 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         warnings.filterwarnings("ignore", message=pattern)
     given = sys.argv[1:] if args is None else args
     checked = check_renamed_keys(given)
-    # the command line is LightningCLI's own unless a saved configuration was migrated
-    args = None if args is None and checked == given else checked
+    # the command line is LightningCLI's own unless a saved configuration was migrated (handing it the same list
+    # again makes it warn that args and a command line were both given: ggpo-train's own call)
+    args = None if checked == sys.argv[1:] else checked
     cli = GGPOTrainCLI(
         GGPOModule,
         PromptGroupDataModule,
@@ -221,5 +222,23 @@ def exit_code(error: RunAborted) -> int:
     return 128 + error.signum if isinstance(error, RunInterrupted) else 1
 
 
+def train_main(args: list[str] | None = None) -> None:
+    """``ggpo-train --config recipes/NAME.yaml [--model.objective.beta 0.05 ...]``: one training run.
+
+    A LightningCLI over :class:`~ggpo_lightning.training.module.GGPOModule` and
+    :class:`~ggpo_lightning.training.data.PromptGroupDataModule`; ``--print_config`` prints the
+    resolved recipe, ``--ckpt_path`` resumes a run. A user error (a setting, the data, the checkpoint, the
+    resume; :mod:`~ggpo_lightning.cli.errors`) prints one line and exits 2; ``--debug`` or ``GGPO_DEBUG=1``
+    shows its traceback. The console script and ``python -m ggpo_lightning.cli.train`` (torchrun's form) both run
+    this, so both exit with the same codes.
+    """
+    debug, args = debug_requested(sys.argv[1:] if args is None else args)
+    try:
+        report_user_errors("ggpo-train", lambda: run_training(args), debug)
+    except RunAborted as stop:  # the checkpoint and summary.json are saved (RunGuard); no traceback
+        print(f"ggpo-train: {stop.status}: {stop}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(stop))
+
+
 if __name__ == "__main__":
-    run_training()
+    train_main()

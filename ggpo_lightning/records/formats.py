@@ -15,45 +15,33 @@ The layouts (:data:`FORMATS`):
 - ``gsm8k``: ``question``, ``answer`` a worked solution ending ``#### 72``.
 - ``verl`` (DAPO-Math-17k as it ships): ``prompt`` a list of chat messages, the gold in
   ``reward_model.ground_truth``.
+
+A worked solution's gold is what ``ggpo_verifiers.gold_from_solution(..., solution=True)`` reads (the package's one
+gold extraction): a solution marking no answer gives none, and its row is an error naming the line.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
-from ggpo_verifiers.extract import boxed_answers, last_boxed
+from ggpo_verifiers import GoldAnswerError, gold_from_solution
 
 from ggpo_lightning.records.errors import DataError
 
-__all__ = ["FORMATS", "convert_records", "detect_format", "gold_from_solution", "to_schema"]
+__all__ = ["FORMATS", "convert_records", "detect_format", "to_schema"]
 
 FORMATS = ("prompt-answer", "math", "gsm8k", "verl")
 """The layouts :func:`to_schema` reads (``data.format``, ``ggpo data convert --format``)."""
 
-_BARE_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s+([^\s${}\\]+)")  # \boxed 5: LaTeX's one-token argument
-_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
-
-def gold_from_solution(text: str) -> str | None:
-    """The gold answer a worked solution ends with, or None when it states none.
-
-    In order: the text after the last ``####`` (GSM8K; thousands separators dropped: ``1,000`` -> ``1000``); else
-    the last box, ``\\boxed{...}`` or ``\\fbox{...}`` with brace matching (chained boxes joined, as the verifier's
-    :func:`~ggpo_verifiers.extract.last_boxed`), or the brace-less ``\\boxed 5``, whichever comes last.
-
-    MERGE NOTE: the verifier issue (24) adds one public gold-extraction function to ``ggpo_verifiers``; at merge
-    this body becomes a call to it. This function is the only place the package extracts a gold from a solution.
-    """
-    if "####" in text:
-        return _THOUSANDS_RE.sub("", text.rsplit("####", 1)[1].strip()) or None
-    bare = list(_BARE_BOX_RE.finditer(text))
-    boxes = boxed_answers(text)
-    if bare and (not boxes or bare[-1].start() > boxes[-1][0]):
-        return bare[-1].group(1).rstrip(".,;:") or None  # "\\boxed 5." ends a sentence
-    answer = last_boxed(text)
-    return answer.strip() if answer is not None and answer.strip() else None
+def _gold(solution: Any, field: str, where: str) -> str:
+    """The gold that the worked solution in ``field`` marks (``ggpo_verifiers.gold_from_solution``, the package's
+    one gold extraction), or a :class:`DataError` naming ``where`` and the field when it marks none."""
+    try:
+        return gold_from_solution(str(solution), solution=True)
+    except GoldAnswerError as exc:
+        raise DataError(f"{where}: field {field!r} gives no gold: {exc.reason}") from exc
 
 
 def _require(record: dict[str, Any], field: str, where: str, hint: str) -> Any:
@@ -87,16 +75,11 @@ def to_schema(record: dict[str, Any], format: str, where: str, prompt_field: str
             if record.get("solution") is None:
                 raise DataError(f"{where}: missing field 'answer' (or a 'solution' with a \\boxed{{}} answer; "
                                 f"fields: {', '.join(sorted(record))}); {hint}")
-            answer = gold_from_solution(str(record["solution"]))
-            if answer is None:
-                raise DataError(f"{where}: field 'solution' has no \\boxed{{...}} answer to take as the gold "
-                                "(and no 'answer' field); fix or drop the row")
+            answer = _gold(record["solution"], "solution", where)
         row, extra = {k: v for k, v in record.items() if k not in ("problem", prompt_field, "answer")}, {}
     elif format == "gsm8k":
         prompt, worked = _require(record, "question", where, hint), _require(record, "answer", where, hint)
-        answer = gold_from_solution(str(worked))
-        if answer is None:
-            raise DataError(f"{where}: field 'answer' has no '#### <answer>' line (GSM8K layout); fix or drop the row")
+        answer = _gold(worked, "answer", where)
         row, extra = {k: v for k, v in record.items() if k not in ("question", "answer")}, {"solution": worked}
     elif format == "verl":
         messages = _require(record, "prompt", where, hint)
@@ -145,8 +128,6 @@ def convert_records(records: Iterable[tuple[str, dict[str, Any]]], format: str, 
     whose prompt or gold cannot be read (:func:`to_schema`) or whose gold ``verifier`` cannot use
     (``validate_golds``): such rows are reported and dropped here, never kept to be scored 0 in training.
     """
-    from ggpo_verifiers import GoldAnswerError
-
     rows, wheres, positions, left_out = [], [], [], []
     for position, (where, record) in enumerate(records):
         try:

@@ -36,7 +36,7 @@ def test_convert_math_writes_the_schema_and_reports_the_row_without_a_gold(tmp_p
     assert code == 0, err
     rows = read(tmp_path / "out" / "train.jsonl")
     assert len(rows) == 19 and "19 rows written" in out and "1 left out" in out
-    assert f"left out: {source}:4: field 'solution' has no \\boxed" in err
+    assert f"left out: {source}:4: field 'solution' gives no gold: the solution marks no final answer" in err
     assert rows[0] == {"prompt": "What is 0 + 0?", "answer": "0", "solution": "Add: $\\boxed{0}$.",
                        "level": "Level 1", "type": "Algebra"}
     assert [r["answer"] for r in rows[:4]] == ["0", "2", "4", "8"]

@@ -166,7 +166,7 @@ def test_a_typo_in_a_flag_is_an_error_naming_it():
 
 
 def test_ggpo_train_help_runs_as_a_program():
-    out = subprocess.run([sys.executable, "-c", "from ggpo_lightning.cli.main import train_main; train_main()", "--help"],
+    out = subprocess.run([sys.executable, "-c", "from ggpo_lightning.cli.train import train_main; train_main()", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for flag in ("--config", "--print_config", "--model.objective", "--model.eval", "--data.train_path",

@@ -155,7 +155,7 @@ def main() -> None:
         _kill_in_rollout(int(plan["kill_rollout"]))
     if "record_batches" in plan:
         _record_batches(plan["record_batches"])
-    from ggpo_lightning.cli.main import train_main
+    from ggpo_lightning.cli.train import train_main
 
     sys.argv = ["ggpo-train", *sys.argv[separator + 1:]]
     train_main()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -106,3 +108,28 @@ def test_the_ggpo_group_prints_a_user_error_without_a_traceback():
     assert "ggpo: error: data.jsonl:3: not valid JSON" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(group, ["--debug", "convert"])
     assert isinstance(result.exception, DataError)  # propagates, with its traceback
+
+
+def test_the_module_form_exits_as_the_console_script(tmp_path):
+    """``python -m ggpo_lightning.cli.train`` (the form torchrun and ``ggpo sweep`` start) and the ``ggpo-train``
+    script: the same one-line user error and exit status 2, and 0 for a valid ``--print_config``."""
+    script = Path(sys.executable).with_name("ggpo-train")
+    assert script.exists(), f"the console script is not installed beside {sys.executable}"
+    module = (sys.executable, "-m", "ggpo_lightning.cli.train")
+    recipe = ["--config", str(Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"), "--print_config"]
+    bad = [*recipe, "--model.objective.beta", "-0.1"]
+    commands = {"script": [str(script), *bad], "module": [*module, *bad], "valid": [*module, *recipe]}
+    started = {name: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=tmp_path) for name, command in commands.items()}  # side by side: 3 imports
+    results = {}
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=300)
+        results[name] = (proc.returncode, out, err)
+    for name in ("script", "module"):
+        code, _, err = results[name]
+        assert code == USER_ERROR_EXIT and "Traceback" not in err, (name, err)
+        assert "model.objective.beta must be a finite number > 0, got -0.1" in err, (name, err)
+    assert results["module"][2] == results["script"][2]
+    code, out, err = results["valid"]
+    assert code == 0 and "objective" in out, err
+    assert "not recommended to provide both args and command line arguments" not in err  # LightningCLI's warning

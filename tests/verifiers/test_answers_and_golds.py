@@ -64,10 +64,36 @@ MINERVA_SOLUTION = (
         (rf"The final answer is ${B}{{5}}$.", "5"),
         (rf"{B}{{2}}, {B}{{3}}, {B}{{5}}", "2, 3, 5"),
         (rf"{B}{{1}} no no no no no {B}{{2}}", "2"),
+        (r"It is \fbox{7}.", "7"),
+        (rf"So the answer is {B} 5.", "5"),  # the brace-less box; the full stop ends the sentence
+        (rf"so {B}42$", "42"),
+        (rf"{B}{{3}} then {B} 4", "4"),  # brace-less after a braced box: the last wins
+        (rf"{B} 4 then {B}{{3}}", "3"),
+        (rf"nested {B}{{\sqrt{{\frac{{a}}{{b}}}}}} done", r"\sqrt{\frac{a}{b}}"),  # brace matching
+        (rf"{B}{{\{{1, 2\}}}}", r"\{1, 2\}"),  # escaped braces are text, not grouping
+        (rf"first {B}{{1}}. Finally {B}{{\frac{{1}}{{2}}}}", r"\frac{1}{2}"),  # several boxes: the last
+        (rf"{B}{{2}} and {B}{{3}}", "2, 3"),  # several boxes of one answer: chained
+        ("it is 3", "it is 3"),  # no marker: a bare answer field, taken as it is
     ],
 )
 def test_gold_from_solution(gold: str, expected: str) -> None:
     assert gold_from_solution(gold) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(MATH_SOLUTION, "1,-2"), (GSM8K_SOLUTION, "72"), (MINERVA_SOLUTION, r"28 \%"), (rf"so {B} 5.", "5")],
+)
+def test_a_solution_gives_the_answer_it_marks(text: str, expected: str) -> None:
+    assert gold_from_solution(text, solution=True) == expected
+
+
+@pytest.mark.parametrize("text", ["We add them and get 3.", "72", "The answer is 3 apples.", ""])
+def test_a_solution_marking_no_answer_gives_no_gold(text: str) -> None:
+    """A worked solution (MATH's ``solution``, GSM8K's ``answer``) without a marker states no gold: refused, so
+    the row is reported and left out rather than trained on with its whole text as the gold (scored 0)."""
+    with pytest.raises(GoldAnswerError, match="marks no final answer"):
+        gold_from_solution(text, solution=True)
 
 
 @pytest.mark.parametrize(
