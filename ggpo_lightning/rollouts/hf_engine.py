@@ -1,5 +1,5 @@
 """The embedded rollout engine: transformers ``generate`` on a private copy of the learner (KV cache, batched,
-left padding)."""
+left padding), recording the behavior log-probs of the sampled tokens during sampling itself."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
+from transformers import LogitsProcessor, LogitsProcessorList
 
-from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation, Weights, copy_pairs
 
-__all__ = ["HFGenerateEngine", "generate_responses"]
+__all__ = ["HFGenerateEngine", "SampledTokenLogprobs", "generate_responses", "sample_responses"]
 
 
 class HFGenerateEngine:
@@ -101,11 +101,12 @@ class HFGenerateEngine:
         self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
         try:
             for start in range(0, len(prompt_ids), per_call):
-                prompts = prompt_ids[start:start + per_call]
-                chunk = self._sample(prompts, n, sampling)
+                chunk, chunk_logprobs = sample_responses(
+                    self.model, self.tokenizer, prompt_ids[start:start + per_call], sampling.max_new_tokens, n=n,
+                    record_logprobs=self.record_logprobs, do_sample=True, temperature=sampling.temperature,
+                    top_p=sampling.top_p, top_k=0)
                 responses.extend(chunk)
-                if self.record_logprobs:
-                    logprobs.extend(self._score([p for p in prompts for _ in range(n)], chunk))
+                logprobs.extend(chunk_logprobs or [])
         finally:
             self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -119,27 +120,50 @@ class HFGenerateEngine:
             for i, prompt in enumerate(prompt_ids)
         ]
 
-    def _score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """Token log-probs of the sampled responses under the engine's model (one extra forward).
 
-        A separate forward, not ``generate``'s ``output_logits``: those keep ``[B, T, V]``
-        logits alive, gigabytes for real vocabularies.
-        """
-        input_ids, attention, target = pack_sequences(prompts, responses, self.tokenizer.pad_token_id,
-                                                      next(self.model.parameters()).device)
-        tokens = token_logprobs(self.model, input_ids, attention, target)  # [B, L]
-        return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records ``log mu(y_t | x, y_<t)`` of every sampled token while ``generate`` samples: no second forward.
 
-    def _sample(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[int]]:
-        return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, n=n, do_sample=True,
-                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    Called at each decoding step with the model's next-token logits ``[B, V]`` before any
+    sampling warper (temperature, top-p: ``generate`` runs a caller's processors first), it
+    keeps that step's log-softmax until the next call, where the token sampled from it is the
+    last column of ``input_ids``; :meth:`finish` gathers the last step's token. So memory stays
+    one ``[B, V]`` row block, not ``generate``'s ``[B, T, V]`` ``output_logits``. The log-probs
+    are the model's own distribution (temperature 1), as the learner scores its responses.
+    """
+
+    def __init__(self) -> None:
+        self._previous: Tensor | None = None  # [B, V] log-softmax of the last step
+        self._columns: list[Tensor] = []  # T tensors [B, 1]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self._previous is not None:
+            self._columns.append(self._previous.gather(1, input_ids[:, -1:]))  # [B, 1]
+        self._previous = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
+        return scores
+
+    def finish(self, sequences: Tensor) -> Tensor:
+        """The sampled tokens' log-probs ``[B, T]``, given ``generate``'s output ``[B, P + T]``."""
+        if self._previous is None:
+            return sequences.new_zeros((sequences.shape[0], 0), dtype=torch.float32)
+        columns = [*self._columns, self._previous.gather(1, sequences[:, -1:])]  # T x [B, 1]
+        self._previous, self._columns = None, []
+        return torch.cat(columns, dim=1)  # [B, T]
 
 
 @torch.no_grad()
 def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
                        **decoding) -> list[list[int]]:
+    """``n`` responses per prompt (:func:`sample_responses` without log-probs)."""
+    return sample_responses(model, tokenizer, prompts, max_new_tokens, n, record_logprobs=False, **decoding)[0]
+
+
+@torch.no_grad()
+def sample_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
+                     record_logprobs: bool = False, **decoding) -> tuple[list[list[int]], list[list[float]] | None]:
     """``n`` responses per prompt from one ``model.generate`` call on left-padded prompts; prompt ``i``'s
-    responses at ``i*n .. i*n+n-1``, each cut after its first EOS.
+    responses at ``i*n .. i*n+n-1``, each cut after its first EOS; with ``record_logprobs`` also each response
+    token's log-prob under ``model`` (:class:`SampledTokenLogprobs`), else None.
 
     With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once
     per prompt and repeated ``n`` times, instead of once per response: the same attention
@@ -160,9 +184,14 @@ def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], ma
         out[name].batch_repeat_interleave(n)  # [G * n, ...]: generate continues from the last prompt token
         prefix = {name: out[name]}
     input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)  # [G * n, P]
+    recorder = SampledTokenLogprobs() if record_logprobs else None
     result = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                            pad_token_id=pad, eos_token_id=eos, **prefix, **decoding)
-    responses = []
-    for seq in result[:, width:].tolist():  # [B, T]
-        responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
-    return responses
+                            pad_token_id=pad, eos_token_id=eos,
+                            logits_processor=LogitsProcessorList([recorder] if recorder else []), **prefix, **decoding)
+    sampled = result[:, width:]  # [B, T]
+    lengths = [seq.index(eos) + 1 if eos in seq else len(seq) for seq in sampled.tolist()]
+    responses = [seq[:length] for seq, length in zip(sampled.tolist(), lengths)]
+    if recorder is None:
+        return responses, None
+    logprobs = recorder.finish(result).tolist()  # [B, T]
+    return responses, [row[:length] for row, length in zip(logprobs, lengths)]
