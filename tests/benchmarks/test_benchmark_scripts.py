@@ -101,3 +101,12 @@ def test_vllm_generate_times_both_engines():
     engines = dict(re.findall(r"^  (hf|vllm) +([\d.]+) s/round", stdout, flags=re.M))
     assert set(engines) == {"hf", "vllm"} and all(float(s) > 0 for s in engines.values())
     assert "ratio hf / vllm seconds:" in stdout
+
+
+def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():
+    stdout = run_script("rollout_logprobs.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
+                        "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1")
+    ways = dict(re.findall(r"^  (sample only|recorded|scored) +([\d.]+) s/round", stdout, flags=re.M))
+    assert set(ways) == {"sample only", "recorded", "scored"}
+    gap = float(re.search(r"max \|recorded - scored\| log-prob: ([\d.e+-]+)", stdout).group(1))
+    assert gap < 1e-4  # fp32: the recorded behavior log-probs are the scoring forward's
