@@ -127,3 +127,52 @@ def test_sampling_without_recording_returns_no_log_probs_and_the_same_responses(
     recorded, logprobs = sample_responses(model, tok, prompts, 6, n=2, record_logprobs=True, do_sample=True, top_k=0)
     assert none is None and plain == recorded  # recording leaves the draws alone
     assert [len(lp) for lp in logprobs] == [len(r) for r in recorded] and all(x <= 0 for lp in logprobs for x in lp)
+
+
+def _hf_generate(model, tok, prompts, max_new_tokens, **decoding):
+    """transformers' own ``generate`` on the same left-padded prompts: the reference decoding."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **decoding)
+    return [seq[: seq.index(tok.eos_token_id) + 1] if tok.eos_token_id in seq else seq
+            for seq in out[:, width:].tolist()]
+
+
+def test_greedy_decoding_equals_transformers_generate(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"], tok("7+7=")["input_ids"]]
+    expected = _hf_generate(model, tok, prompts, 9, do_sample=False)
+    assert len({len(r) for r in expected}) > 1  # rows stop at different steps: finished rows are dropped
+    assert generate_responses(model, tok, prompts, 9, do_sample=False) == expected
+    repeated = generate_responses(model, tok, prompts, 9, n=2, do_sample=False)  # on the shared prompt cache
+    assert repeated == [r for r in expected for _ in range(2)]
+
+
+def test_the_first_draw_equals_transformers_sampling_with_the_same_warpers(tiny_lm):
+    """The same seed, the same warped distribution (temperature, top-k, top-p in generate's order): the same
+    first token for every row (later draws differ once finished rows leave the batch)."""
+    model, tok = tiny_lm
+    prompts = [tok(f"{a}+{b}=")["input_ids"] for a, b in [(1, 2), (13, 4), (9, 9), (5, 60)]] * 4
+    for settings in (dict(temperature=0.6, top_p=0.8, top_k=0), dict(temperature=1.4, top_p=1.0, top_k=5)):
+        torch.manual_seed(11)
+        ours = generate_responses(model, tok, prompts, 1, do_sample=True, **settings)
+        torch.manual_seed(11)
+        assert ours == _hf_generate(model, tok, prompts, 1, do_sample=True, **settings)
+
+
+def test_finished_rows_leave_the_batch(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"], tok("7+7=")["input_ids"]]
+    rows_per_forward = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: rows_per_forward.append(
+        kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        responses = generate_responses(model, tok, prompts, 9, do_sample=False)
+    finally:
+        handle.remove()
+    # after the prompts' forward, each step feeds only the rows still going
+    still_going = [sum(len(r) > t and not (t == len(r) - 1 and r[-1] == tok.eos_token_id) for r in responses)
+                   for t in range(len(rows_per_forward) - 1)]
+    assert rows_per_forward[1:] == still_going and rows_per_forward[-1] < len(prompts)
