@@ -252,8 +252,11 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, cache: dict[
         logits = out.logits[:, -1, :].float()  # [b, V]
         if warpers is None:
             chosen = logits.argmax(-1)  # [b]
-        else:
-            chosen = torch.multinomial(torch.softmax(warpers(None, logits), dim=-1), 1).squeeze(1)  # [b]
+        else:  # drawn over all B rows, as generate does: row i's draw depends on row i's probabilities only,
+            # so the responses are generate's own for the same seed (finished rows get a placeholder distribution)
+            probs = logits.new_ones((batch, logits.shape[1]))  # [B, V]
+            probs[rows] = torch.softmax(warpers(None, logits), dim=-1)
+            chosen = torch.multinomial(probs, 1).squeeze(1)[rows]  # [b]
         tokens[rows[going], t] = chosen[going]
         if logprobs is not None:
             picked = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1)  # [b]
