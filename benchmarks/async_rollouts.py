@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_rollouts.py --out runs/async_bench
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/async_rollouts.py --objectives ggpo --seeds 0,1 --steps 400
+    ... async_rollouts.py --steps 4 --val-every 2 -- --tiny_model.sft_steps=5   # more ggpo-train flags after --
 
 Each run is ``ggpo-train --config recipes/quickstart.yaml`` (GGPO, or GRPO with
 ``recipes/baselines/grpo.yaml``), ``model.rollout.schedule`` ``sync`` or ``async``
@@ -78,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
                         "--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(args.val_every),
                         "--trainer.enable_progress_bar", "false", "--summary.export", "false",
                         "--checkpoint.every_n_train_steps", str(args.steps),
-                        "--trainer.logger.init_args.save_dir", str(run_dir.parent)])
+                        "--trainer.logger.init_args.save_dir", str(run_dir.parent), *args.extra])
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     phases = phase_medians(Path(cli.trainer.log_dir) / "metrics.csv")
     (run_dir / "curve.json").write_text(json.dumps({"curve": curve, "summary": summary, "phases": phases}, indent=1))
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace, objective: str, mode: str, seed: int) -> dict:
     run_dir = Path(args.out) / f"{objective}-{mode}-{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, __file__, "--worker", "--objective", objective, "--mode", mode, "--seed", str(seed),
-               "--steps", str(args.steps), "--val-every", str(args.val_every), "--run-dir", str(run_dir)]
+               "--steps", str(args.steps), "--val-every", str(args.val_every), "--run-dir", str(run_dir),
+               "--", *args.extra]
     load = os.getloadavg()[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     busy_before, own_before, start = busy_cpu_seconds(), own_children_cpu_seconds(), time.monotonic()
@@ -208,6 +210,7 @@ def main() -> None:
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("extra", nargs="*", help="more ggpo-train flags for every run (after --)")
     args = parser.parse_args()
     if args.worker:
         worker(args)

@@ -5,9 +5,10 @@
 Builds a randomly initialised model with the configuration of ``--like``, makes 8 prompts
 x K=8 responses of ``--response-len`` random tokens (what a random model samples, without
 its occasional EOS), then times the learner update of
-``GGPOModule`` on them: learner token log-probs (with grad) in the module's layout, the
-GGPO loss against precomputed reference log-probs, backward, gradient-norm clip 1.0 and a
-fused AdamW step, under bf16 autocast or in fp32, one torch thread.
+``GGPOModule`` on them through its public step pieces: ``pack`` (the module's layout) and
+``step_loss`` (learner token log-probs with grad, the GGPO loss; the reference log-probs
+come from the module's cache after the warm-up update, as in training), backward,
+gradient-norm clip 1.0 and a fused AdamW step, under bf16 autocast or in fp32, one torch thread.
 
 ``model_flops_per_s = 6 * parameters * tokens / seconds``, where ``tokens`` counts the
 token positions the learner actually processes (prompt copies included, padding not).
@@ -38,9 +39,8 @@ def main() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ggpo_lightning.models.loading import load_tokenizer
-    from ggpo_lightning.training.module import GGPOModule
-    from ggpo_lightning.core.objectives import ggpo_loss
     from ggpo_lightning.testing import make_group
+    from ggpo_lightning.training.module import GGPOModule
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -53,7 +53,7 @@ def main() -> None:
         tokenizer.save_pretrained(tmp)
         module = GGPOModule(tmp, verifier="numeric",
                             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5, weight_decay=0.0, fused=True))
-        prompts = [module.encode_prompt(f"{11 * i}+{7 * i}=") for i in range(8)]
+        prompts = [module.group_rollout.encode(f"{11 * i}+{7 * i}=") for i in range(8)]
         # responses of exactly --response-len tokens, drawn uniformly from the ordinary tokens (no EOS): the
         # update's cost depends on the token count only, and sampling them would take longer than the update
         specials = set(tokenizer.all_special_ids)
@@ -62,31 +62,27 @@ def main() -> None:
                              [float(i % 2) for i in range(8)], prompt_id=str(n)) for n, p in enumerate(prompts)]
         optimizer = module.configure_optimizers()
         for precision in args.precisions.split(","):
-            batch = module._pack(groups)
+            module.reference_cache.clear()
+            batch = module.pack(groups)
             autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
                         else contextlib.nullcontext())
-            with torch.no_grad(), autocast:
-                ref = module._token_logprobs(module.reference, batch).sum(-1)  # [B]
 
             def update() -> float:
                 start = time.perf_counter()
                 with autocast:
-                    logp = module._token_logprobs(module.learner, batch).sum(-1)  # [B]
-                mask = batch["group_mask"]
-                loss = ggpo_loss(module._to_groups(logp, mask), module._to_groups(ref, mask), batch["rewards"],
-                                 0.04, mask)
+                    loss, _ = module.step_loss(batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(module.learner.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 return time.perf_counter() - start
 
-            update()  # warm-up: allocator, optimizer state
+            update()  # warm-up: allocator, optimizer state, the reference log-probs cached
             seconds = statistics.median(update() for _ in range(args.repeat))
-            packed = batch.get("packed")
+            packed = batch.packed
             tokens = int((packed.position_ids > 0).sum() + packed.position_ids.shape[0] if packed is not None
-                         else batch["attention_mask"].sum())
-            positions = int(packed.input_ids.numel() if packed is not None else batch["input_ids"].numel())
+                         else batch.tokens)
+            positions = int(packed.input_ids.numel() if packed is not None else batch.input_ids.numel())
             params = module.learner.num_parameters()
             run = {"precision": precision, "shared_prefix": module.shared_prefix, "seconds": seconds, "tokens": tokens,
                    "positions_with_padding": positions, "parameters": params,

@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--table", choices=("all", "grid", "fixed-point", "beta-scale", "robustness"), default="all")
     args = parser.parse_args()
+    if args.seeds < 2:
+        parser.error("--seeds must be at least 2: every cell reports the spread over seeds")
     torch.set_num_threads(1)
     if args.table in ("all", "fixed-point"):
         fixed_point_rows(args.seeds)

@@ -8,11 +8,12 @@ A model given by ``--model`` is loaded as it is; otherwise a Llama-style model o
 given size is built locally with random weights (no warm-up, nothing downloaded).
 Each phase runs in a fresh process (spawn), so its peak memory is its own:
 
-* ``rollout``: ``GGPOModule.rollout`` on ``--groups`` prompts x ``--k`` responses of at
-  most ``--response-len`` tokens (sampling, KV cache, verifier included);
-* ``train step``: the same groups through ``_pack`` and ``_loss`` (learner with grad,
-  reference without), backward and one AdamW update; ``--repeat`` timed steps after one
-  warm-up step.
+* ``rollout``: the module's ``group_rollout`` on ``--groups`` prompts x ``--k`` responses of
+  at most ``--response-len`` tokens (sampling with the behavior log-probs, KV cache, verifier
+  included);
+* ``train step``: the same groups through the module's ``pack`` and ``step_loss`` (learner
+  with grad, reference without: cached per group after the warm-up step, as in training),
+  backward and one AdamW update; ``--repeat`` timed steps after one warm-up step.
 
 Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA and the process's peak RSS
 above its RSS after set-up on CPU. Figures on a shared machine are noisy: compare
@@ -63,13 +64,13 @@ def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue
     optimizer = module.configure_optimizers()
 
     def train_step() -> int:
-        batch = module._pack(groups)
+        batch = module.pack(groups)
         with autocast:
-            loss, _ = module._loss(batch)
+            loss, _ = module.step_loss(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return int(batch["attention_mask"].sum())
+        return batch.tokens
 
     def run_once() -> int:
         if phase == "rollout":
@@ -88,7 +89,7 @@ def _phase(args: argparse.Namespace, model_dir: str, phase: str, queue: mp.Queue
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else max(0, _peak_rss_bytes() - base)
-    module.verifier.close()
+    module.group_rollout.verifier.close()
     queue.put({"phase": phase, "seconds": seconds / args.repeat, "tokens": tokens / args.repeat,
                "peak_bytes": peak, "parameters": module.learner.num_parameters()})
 
@@ -124,10 +125,10 @@ def main() -> None:
             queue = ctx.Queue()
             proc = ctx.Process(target=_phase, args=(args, model_dir, phase, queue))
             proc.start()
-            results.append(queue.get())
-            proc.join()
+            proc.join()  # the result is a small dict: the queue's feeder thread never blocks the exit
             if proc.exitcode:
                 raise SystemExit(f"{phase} failed with exit code {proc.exitcode}")
+            results.append(queue.get())
     print(f"model: {args.model or f'Llama {args.hidden_size}x{args.num_layers}'}, "
           f"{results[0]['parameters']:,} parameters; G={args.groups}, K={args.k}, "
           f"response <= {args.response_len} tokens, {args.precision}, {args.device}")

@@ -37,31 +37,40 @@ MODELS = {
     "tiny": ["--sft-steps", "1500"],
     "m30": ["--hidden", "512", "--layers", "8", "--heads", "8", "--sft-steps", "150", "--sft-lr", "1e-3"],
 }
+SYSTEM_FLAGS = {  # ggpo-train flags of each variant of ours
+    "ggpo": [], "ggpo-grpo": ["--model.objective.name=grpo"],
+    "ggpo-async": ["--model.rollout.schedule=async", "--model.rollout.max_staleness=1"],
+}
 PHASES = {  # our phase -> TRL harness phase(s)
     "generate": ["gen.hf_generate"], "verify": ["gen.reward"], "learner_forward": ["loss.policy_forward(grad)"],
     "reference_forward": ["gen.ref_logprobs"], "backward": ["backward"], "optimizer": ["optimizer_step", "grad_clip"],
 }
 
 
-def build_artifacts(peer_bench: Path, root: Path, names: list[str]) -> None:
+def build_artifacts(peer_bench: Path, root: Path, names: list[str], sft_steps: int | None = None) -> None:
+    """The peer benchmark's model and data per name, built once (``sft_steps`` overrides the warm-up length)."""
     for name in names:
         if (root / name / "setup_info.json").exists():
             continue
         print(f"building {name} artifacts in {root / name} ...", flush=True)
+        extra = [] if sft_steps is None else ["--sft-steps", str(sft_steps)]
         subprocess.run([sys.executable, str(peer_bench / "tiny_setup.py"), "--out", str(root / name), "--threads", "1",
-                        *MODELS[name]], check=True)
+                        *MODELS[name], *extra], check=True)
 
 
 def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path,
-               lr: float = 1e-4, seed: int = 42) -> dict:
+               lr: float = 1e-4, seed: int = 42, val_every: int = 0) -> dict:
     """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``).
 
-    ``system``: ``trl``, ``ggpo`` or ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective)."""
+    ``system``: ``trl``, ``ggpo``, ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective) or ``ggpo-async``
+    (rollouts in a child process while the learner trains, ``recipes/overlays/async.yaml``: two processes of
+    one thread each, so up to two cores against TRL's one)."""
     script = peer_bench / "trl_grpo_baseline.py" if system == "trl" else ROOT / "benchmarks" / "ggpo_worker.py"
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
            "--lr", str(lr), "--seed", str(seed), "--out", str(out)] + (["--bf16"] if bf16 else [])
-    if system == "ggpo-grpo":
-        cmd += ["--", "--model.objective.name=grpo"]
+    if system != "trl" and val_every:
+        cmd += ["--val-every", str(val_every)]
+    cmd += ["--", *SYSTEM_FLAGS[system]] if SYSTEM_FLAGS.get(system) else []
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = out.with_suffix(".log")
     with open(log, "w") as f:
@@ -69,6 +78,7 @@ def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16:
     if proc.returncode:
         raise SystemExit(f"{system} on {artifacts.name} failed ({proc.returncode}); see {log}")
     result = json.loads(out.read_text())
+    result.setdefault("train_wall_s", sum(r["wall_s"] for r in result.get("per_step", [])))
     result.pop("per_step", None)
     return result
 
@@ -76,7 +86,7 @@ def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16:
 def phase_split(result: dict, system: str) -> dict[str, float]:
     """Median seconds per phase, under our phase names."""
     med = result["phase_median_s"]
-    if system == "ggpo":
+    if system in SYSTEM_FLAGS:
         return {k: med.get(k, 0.0) for k in PHASES}
     return {k: sum(med.get(n, 0.0) for n in names) for k, names in PHASES.items()}
 
@@ -107,8 +117,8 @@ def summarize(model: str, precision: str, runs: dict[str, list[dict]]) -> dict:
     def med(system: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[system])
 
-    row = {"model": model, "precision": precision, "n_params": runs["ggpo"][0]["n_params"]}
-    for system in ("trl", "ggpo"):
+    row = {"model": model, "precision": precision, "n_params": runs["ggpo"][0]["n_params"], "systems": list(runs)}
+    for system in runs:
         row[system] = {
             "sec_per_step": med(system, "sec_per_step_median_excl_first"),
             "completions_per_sec": med(system, "completions_per_sec"),
@@ -121,8 +131,9 @@ def summarize(model: str, precision: str, runs: dict[str, list[dict]]) -> dict:
             "greedy_acc_after": med(system, "greedy_test_acc_after"),
             "mean_completion_len": med(system, "mean_completion_len"),
         }
-    row["ratio"] = {k: row["ggpo"][k] / row["trl"][k]
-                    for k in ("completions_per_sec", "total_tokens_per_sec", "peak_rss_mb", "sec_per_step")}
+    row["ratio"] = {system: {k: row[system][k] / row["trl"][k]
+                             for k in ("completions_per_sec", "total_tokens_per_sec", "peak_rss_mb", "sec_per_step")}
+                    for system in runs if system != "trl"}
     return row
 
 
@@ -132,17 +143,17 @@ def print_table(rows: list[dict]) -> None:
           "greedy acc before -> after |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        for system in ("trl", "ggpo"):
+        for system in row["systems"]:
             s = row[system]
             split = " / ".join(f"{s['phase_s'][k]:.3f}" for k in PHASES)
             print(f"| {row['model']} | {row['precision']} | {system} | {s['sec_per_step']:.3f} | "
                   f"{s['completions_per_sec']:.1f} | {s['total_tokens_per_sec']:.0f} | {s['peak_rss_mb']:.0f} | "
                   f"{split} | {s['reward_first10']:.3f} -> {s['reward_last10']:.3f} | "
                   f"{s['greedy_acc_before']:.3f} -> {s['greedy_acc_after']:.3f} |")
-        r = row["ratio"]
-        print(f"| {row['model']} | {row['precision']} | **ggpo/TRL** | {r['sec_per_step']:.2f}x | "
-              f"**{r['completions_per_sec']:.2f}x** | {r['total_tokens_per_sec']:.2f}x | **{r['peak_rss_mb']:.2f}x** "
-              "| | | |")
+        for system, r in row["ratio"].items():
+            print(f"| {row['model']} | {row['precision']} | **{system}/TRL** | {r['sec_per_step']:.2f}x | "
+                  f"**{r['completions_per_sec']:.2f}x** | {r['total_tokens_per_sec']:.2f}x | "
+                  f"**{r['peak_rss_mb']:.2f}x** | | | |")
 
 
 def main() -> None:
@@ -154,22 +165,29 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1, help="runs per system and setting (order alternates)")
+    parser.add_argument("--async", dest="with_async", action="store_true",
+                        help="also ggpo-train with asynchronous rollouts (two single-thread processes)")
+    parser.add_argument("--sft-steps", type=int, help="override the models' warm-up steps (0 for a smoke run)")
     parser.add_argument("--util-response-len", type=int, default=256, help="0 = skip the utilization measurement")
+    parser.add_argument("--util-model", choices=sorted(MODELS), default="m30", help="the utilization model's shape")
     parser.add_argument("--learning-steps", type=int, default=200,
                         help="a longer run of both systems on tiny (fp32) to compare learning; 0 = skip")
     parser.add_argument("--learning-lr", type=float, default=5e-4)
     parser.add_argument("--learning-seeds", default="42,43,44", help="one learning run per system and seed")
+    parser.add_argument("--learning-val-every", type=int, default=100,
+                        help="ours: greedy held-out accuracy every N steps of the learning runs")
     args = parser.parse_args()
     models, precisions = [m for m in args.models.split(",") if m], args.precisions.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
-    build_artifacts(args.peer_bench, args.artifacts, models)
+    build_artifacts(args.peer_bench, args.artifacts, models, args.sft_steps)
+    ours = ["ggpo", "ggpo-async"] if args.with_async else ["ggpo"]
 
     rows: list[dict] = []
     for model in models:
         for precision in precisions:
-            runs: dict[str, list[dict]] = {"trl": [], "ggpo": []}
+            runs: dict[str, list[dict]] = {system: [] for system in ["trl", *ours]}
             for rnd in range(args.rounds):
-                for system in (("trl", "ggpo") if rnd % 2 == 0 else ("ggpo", "trl")):
+                for system in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
                     out = args.out / f"{model}_{precision}_{system}_r{rnd}.json"
                     result = run_system(system, args.peer_bench, args.artifacts / model, args.steps,
                                         precision == "bf16", out)
@@ -196,14 +214,17 @@ def learning_check(args) -> dict:
     """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``, once per seed: does speed cost learning?
 
     ``ggpo-train`` runs twice, with GGPO and with its GRPO objective, so a difference in
-    learning can be put on the trainer or on the objective."""
+    learning can be put on the trainer or on the objective. Ours also evaluate every
+    ``--learning-val-every`` steps (off their training clock): per seed, the share of TRL's
+    training wall time at which ours first reach TRL's final greedy accuracy (None: never)."""
     import statistics
 
-    build_artifacts(args.peer_bench, args.artifacts, ["tiny"])
+    build_artifacts(args.peer_bench, args.artifacts, ["tiny"], args.sft_steps)
     rows = {}
     for system in ("trl", "ggpo", "ggpo-grpo"):  # ggpo-train's GRPO: trainer and objective told apart
         runs = [run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
-                           args.out / f"learning_tiny_{system}_seed{seed}.json", lr=args.learning_lr, seed=int(seed))
+                           args.out / f"learning_tiny_{system}_seed{seed}.json", lr=args.learning_lr, seed=int(seed),
+                           val_every=args.learning_val_every)
                 for seed in args.learning_seeds.split(",")]
         curves = [r["reward_per_step"] for r in runs]
         rows[system] = {
@@ -216,23 +237,41 @@ def learning_check(args) -> dict:
             "greedy_acc_after_per_seed": [r["greedy_test_acc_after"] for r in runs],
             "sec_per_step": statistics.median(r["sec_per_step_median_excl_first"] for r in runs),
             "reward_per_step_mean": [statistics.mean(v) for v in zip(*curves)],
+            "train_wall_s_per_seed": [r["train_wall_s"] for r in runs],
         }
         row = rows[system]
+        if system != "trl":
+            row["share_of_trl_time_to_trl_final_acc"] = [
+                time_to_reach(r.get("accuracy_curve", []), trl["greedy_test_acc_after"], trl["train_wall_s"])
+                for r, trl in zip(runs, trl_runs)]
+        else:
+            trl_runs = runs
         print(f"learning, tiny fp32, {args.learning_steps} steps at lr {args.learning_lr}, seeds "
               f"{args.learning_seeds}, {system}: sampled reward {row['reward_first50']:.3f} (first 50) -> "
               f"{row['reward_last50']:.3f} (last 50; per seed "
               f"{', '.join(f'{x:.3f}' for x in row['reward_last50_per_seed'])}), greedy accuracy "
               f"{row['greedy_acc_before']:.3f} -> {row['greedy_acc_after']:.3f} (per seed "
-              f"{', '.join(f'{x:.3f}' for x in row['greedy_acc_after_per_seed'])}), {row['sec_per_step']:.3f} s/step",
+              f"{', '.join(f'{x:.3f}' for x in row['greedy_acc_after_per_seed'])}), {row['sec_per_step']:.3f} s/step"
+              + ("" if system == "trl" else ", TRL's final accuracy reached at " + ", ".join(
+                  "never" if x is None else f"{x:.2f}" for x in row["share_of_trl_time_to_trl_final_acc"])
+                 + " of TRL's training time (per seed)"),
               flush=True)
     return rows
 
 
+def time_to_reach(curve: list[dict], accuracy: float, reference_seconds: float) -> float | None:
+    """The training seconds of the first point of ``curve`` at or above ``accuracy``, over ``reference_seconds``."""
+    reached = next((p["train_seconds"] for p in curve if p["accuracy"] >= accuracy - 1e-9), None)
+    return None if reached is None else reached / reference_seconds
+
+
 def learner_utilization(args, peaks: dict[str, float]) -> dict:
-    """Runs ``benchmarks/learner_update.py`` on a randomly initialised m30 and relates it to the matmul peak."""
+    """Runs ``benchmarks/learner_update.py`` on a randomly initialised ``--util-model`` (m30) and relates it to the
+    matmul peak."""
     out = args.out / "learner_update.json"
+    build_artifacts(args.peer_bench, args.artifacts, [args.util_model], args.sft_steps)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_update.py"),
-                    "--like", str(args.artifacts / "m30" / "model"), "--response-len", str(args.util_response_len),
+                    "--like", str(args.artifacts / args.util_model / "model"), "--response-len", str(args.util_response_len),
                     "--precisions", "bf16", "--repeat", "2", "--out", str(out)],
                    check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     result = json.loads(out.read_text())
@@ -240,7 +279,7 @@ def learner_utilization(args, peaks: dict[str, float]) -> dict:
         peak = peaks["bfloat16" if run["precision"] == "bf16" else "float32"]
         run["utilization_of_same_precision_peak"] = run["model_flops_per_s"] / peak
         run["utilization_of_bf16_peak"] = run["model_flops_per_s"] / peaks["bfloat16"]
-        print(f"learner update, m30, {run['precision']}, {run['tokens']} tokens/step: {run['seconds']:.3f} s, "
+        print(f"learner update, {args.util_model}, {run['precision']}, {run['tokens']} tokens/step: {run['seconds']:.3f} s, "
               f"{run['model_flops_per_s'] / 1e9:.0f} GFLOP/s = {100 * run['utilization_of_bf16_peak']:.0f}% of the "
               f"bf16 matmul peak ({100 * run['utilization_of_same_precision_peak']:.0f}% of its own precision's)")
     return result

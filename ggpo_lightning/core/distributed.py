@@ -95,8 +95,9 @@ def broadcast_from_rank0_(tensors: Sequence[Tensor]) -> None:
 
 
 def _summed_metric(name: str) -> bool:
-    """Metrics that add up over ranks (sample counts, verifier outcome counts, throughput); the rest are means."""
-    return name in ("generated_samples", "rollout_tokens_per_s") or (
+    """Metrics that add up over ranks (sample and token counts, verifier outcome counts, throughput); the rest are
+    means."""
+    return name in ("generated_samples", "response_tokens", "rollout_prompt_tokens", "rollout_tokens_per_s") or (
         name.startswith("verifier/") and name not in ("verifier/accuracy", "verifier/unboxed_share"))
 
 

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = ["SHARDED_FORWARDS", "PackedGroups", "chunked_packed_token_logprobs", "chunked_token_logprobs", "pack_groups",
            "pack_sequences",
-           "packed_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
+           "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
 
 
 def pack_sequences(
@@ -245,6 +245,16 @@ def token_logprobs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _computation(model, "ggpo_token_logprobs")(input_ids, attention_mask, target_mask, chunk_size)
+
+
+def response_token_logprobs(model: nn.Module, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                            chunk_size: int = 4096) -> list[list[float]]:
+    """Each response token's log-prob under ``model`` given its prompt, by one forward over the pairs
+    (the scoring pass that the rollout engines' sampling-time recording spares; kept for checks and benchmarks)."""
+    device = next(model.parameters()).device
+    input_ids, attention, target = pack_sequences(prompts, responses, pad_id, device)  # [B, L] each
+    tokens = token_logprobs(model, input_ids, attention, target, chunk_size)  # [B, L]
+    return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
 
 
 def chunked_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor,

@@ -19,8 +19,8 @@ def step_metrics(inputs: ObjectiveInputs, loss: Tensor, batch: StepBatch, step: 
     """``loss``; GGPO's diagnostics at ``beta`` (for every objective); ``behavior_anchor`` (the anchor term itself,
     whether on or off, over every present response); ``reward`` and ``accuracy`` (share of reward 1) over the
     responses the objective sees; ``staleness`` and ``staleness_max`` of the groups (``step - versions``); the
-    responses' ``response_length`` (mean tokens) and ``response_length_max``, ``response_tokens`` (the step's),
-    ``truncated_share`` (cut at ``max_new_tokens``) and ``sample_entropy`` (mean ``-log mu`` of the sampled tokens:
+    responses' ``response_length`` (mean tokens) and ``response_length_max``, ``response_tokens`` (the step's,
+    all ranks), ``truncated_share`` (cut at ``max_new_tokens``) and ``sample_entropy`` (mean ``-log mu`` of the sampled tokens:
     the behavior's per-token entropy at temperature 1, estimated on its samples); with recorded behavior log-probs,
     the drift of the learner from the behavior (:func:`~ggpo_lightning.core.drift.drift_diagnostics`)."""
     mask, rewards = inputs.mask, inputs.rewards  # [G, K]

@@ -63,6 +63,13 @@ class Policy:
         """The reference policy, as a context: the frozen copy, or with LoRA the learner with its adapter off."""
         return contextlib.nullcontext(self.reference) if self.lora is None else adapter_disabled(self.learner)
 
+    def reference_in(self, dtype: torch.dtype) -> None:
+        """Keep the frozen reference copy in ``dtype`` (bf16 under bf16-mixed: autocast runs its matmuls in bf16
+        anyway, so only the norms and embeddings round differently; half the memory and no per-forward cast).
+        A refresh copies the learner into it with a cast. No-op with LoRA (the reference is the learner's base)."""
+        if self.reference is not None:
+            self.reference.to(dtype)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates: all learner weights, or with LoRA only the adapter."""
         return [p for p in self.learner.parameters() if p.requires_grad]

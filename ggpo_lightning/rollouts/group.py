@@ -24,8 +24,8 @@ class GroupRollout:
     flagged ``truncated`` when it reached ``max_new_tokens`` without EOS (its reward then 0 with
     ``model.rollout.truncation: zero``).
 
-    Counts what it did: ``seconds``, ``tokens`` and ``verify_seconds`` (of ``seconds``, the
-    wait for the verifier) since the last :meth:`take_counts` (one step's rollout) and
+    Counts what it did: ``seconds``, ``tokens``, ``prompt_tokens`` and ``verify_seconds`` (of
+    ``seconds``, the wait for the verifier) since the last :meth:`take_counts` (one step's rollout) and
     ``generated_samples`` over the run.
     ``verifier`` is set once its worker pool is started (the module's ``setup``).
     """
@@ -40,6 +40,7 @@ class GroupRollout:
         self.seconds = 0.0
         self.tokens = 0
         self.verify_seconds = 0.0
+        self.prompt_tokens = 0
         self.generated_samples = 0
 
     def encode(self, text: str, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
@@ -72,13 +73,15 @@ class GroupRollout:
                 behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs, truncated=truncated))
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(ids) for g in generations for ids in g.response_ids)
+        self.prompt_tokens += k * sum(len(g.prompt_ids) for g in generations)
         self.generated_samples += len(responses)
         return groups
 
     def take_counts(self) -> RolloutCounts:
         """What was counted since the last call (then reset), the verifier's outcome counts included."""
-        counts = RolloutCounts(self.seconds, self.tokens, self.verify_seconds, self.verifier.reset_stats())
-        self.seconds, self.tokens, self.verify_seconds = 0.0, 0, 0.0
+        counts = RolloutCounts(self.seconds, self.tokens, self.verify_seconds, self.verifier.reset_stats(),
+                               self.prompt_tokens)
+        self.seconds, self.tokens, self.verify_seconds, self.prompt_tokens = 0.0, 0, 0.0, 0
         return counts
 
 
@@ -94,6 +97,8 @@ class RolloutCounts:
     """Of ``seconds``, the wait for the verifier."""
     verifier: VerifierStats = field(default_factory=VerifierStats)
     """The verifier's outcome counts (correct, wrong, timeout, crashed, ...)."""
+    prompt_tokens: int = 0
+    """Prompt tokens the responses were conditioned on (each prompt counted once per response)."""
 
 
 @dataclass

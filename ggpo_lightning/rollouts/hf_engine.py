@@ -1,19 +1,22 @@
 """The embedded rollout engine: transformers ``generate`` on a private copy of the learner (KV cache, batched,
-left padding)."""
+left padding), recording the behavior log-probs of the sampled tokens during sampling itself."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
-from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation, Weights, copy_pairs
 
-__all__ = ["HFGenerateEngine", "generate_responses"]
+__all__ = ["HFGenerateEngine", "SampledTokenLogprobs", "generate_responses", "sample_responses"]
 
 
 class HFGenerateEngine:
@@ -101,11 +104,12 @@ class HFGenerateEngine:
         self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
         try:
             for start in range(0, len(prompt_ids), per_call):
-                prompts = prompt_ids[start:start + per_call]
-                chunk = self._sample(prompts, n, sampling)
+                chunk, chunk_logprobs = sample_responses(
+                    self.model, self.tokenizer, prompt_ids[start:start + per_call], sampling.max_new_tokens, n=n,
+                    record_logprobs=self.record_logprobs, do_sample=True, temperature=sampling.temperature,
+                    top_p=sampling.top_p, top_k=0)
                 responses.extend(chunk)
-                if self.record_logprobs:
-                    logprobs.extend(self._score([p for p in prompts for _ in range(n)], chunk))
+                logprobs.extend(chunk_logprobs or [])
         finally:
             self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -119,50 +123,172 @@ class HFGenerateEngine:
             for i, prompt in enumerate(prompt_ids)
         ]
 
-    def _score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """Token log-probs of the sampled responses under the engine's model (one extra forward).
 
-        A separate forward, not ``generate``'s ``output_logits``: those keep ``[B, T, V]``
-        logits alive, gigabytes for real vocabularies.
-        """
-        input_ids, attention, target = pack_sequences(prompts, responses, self.tokenizer.pad_token_id,
-                                                      next(self.model.parameters()).device)
-        tokens = token_logprobs(self.model, input_ids, attention, target)  # [B, L]
-        return [tokens[i][target[i]].tolist() for i in range(len(prompts))]
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records ``log mu(y_t | x, y_<t)`` of every sampled token while ``generate`` samples: no second forward.
 
-    def _sample(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[int]]:
-        return generate_responses(self.model, self.tokenizer, prompts, sampling.max_new_tokens, n=n, do_sample=True,
-                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    Called at each decoding step with the model's next-token logits ``[B, V]`` before any
+    sampling warper (temperature, top-p: ``generate`` runs a caller's processors first), it
+    keeps that step's log-softmax until the next call, where the token sampled from it is the
+    last column of ``input_ids``; :meth:`finish` gathers the last step's token. So memory stays
+    one ``[B, V]`` row block, not ``generate``'s ``[B, T, V]`` ``output_logits``. The log-probs
+    are the model's own distribution (temperature 1), as the learner scores its responses.
+    """
+
+    def __init__(self) -> None:
+        self._previous: Tensor | None = None  # [B, V] log-softmax of the last step
+        self._columns: list[Tensor] = []  # T tensors [B, 1]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self._previous is not None:
+            self._columns.append(self._previous.gather(1, input_ids[:, -1:]))  # [B, 1]
+        self._previous = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
+        return scores
+
+    def finish(self, sequences: Tensor) -> Tensor:
+        """The sampled tokens' log-probs ``[B, T]``, given ``generate``'s output ``[B, P + T]``."""
+        if self._previous is None:
+            return sequences.new_zeros((sequences.shape[0], 0), dtype=torch.float32)
+        columns = [*self._columns, self._previous.gather(1, sequences[:, -1:])]  # T x [B, 1]
+        self._previous, self._columns = None, []
+        return torch.cat(columns, dim=1)  # [B, T]
 
 
 @torch.no_grad()
 def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
-                       **decoding) -> list[list[int]]:
-    """``n`` responses per prompt from one ``model.generate`` call on left-padded prompts; prompt ``i``'s
-    responses at ``i*n .. i*n+n-1``, each cut after its first EOS.
+                       **decoding: Any) -> list[list[int]]:
+    """``n`` responses per prompt (:func:`sample_responses` without log-probs; ``decoding``: its sampling
+    arguments)."""
+    return sample_responses(model, tokenizer, prompts, max_new_tokens, n, record_logprobs=False, **decoding)[0]
 
-    With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once
-    per prompt and repeated ``n`` times, instead of once per response: the same attention
-    inputs, a fraction of the prompt work. ``decoding`` goes to ``generate``
-    (``do_sample``, ``temperature``, ``top_p``, ...).
+
+@torch.no_grad()
+def sample_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
+                     record_logprobs: bool = False, do_sample: bool = True, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, synced_gpus: bool = False,
+                     ) -> tuple[list[list[int]], list[list[float]] | None]:
+    """``n`` responses per prompt on left-padded prompts; prompt ``i``'s responses at ``i*n .. i*n+n-1``, each cut
+    after its first EOS; with ``record_logprobs`` also each response token's log-prob under ``model`` (its own
+    distribution, before temperature and top-p/top-k), else None.
+
+    Sampling (``do_sample``) draws from the logits divided by ``temperature``, restricted to the ``top_k`` most
+    likely tokens (0: all) and the smallest set of probability ``top_p``, as transformers' warpers do; else greedy.
+    With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once per prompt and
+    repeated ``n`` times, instead of once per response: the same attention inputs, a fraction of the prompt work.
+
+    Decoding is :func:`_decode`, which drops finished rows from the batch and its cache at each step (a
+    response that stopped costs nothing more); ``synced_gpus`` (FSDP: every rank must run the same forwards)
+    goes through ``model.generate`` instead, which keeps every row to the end.
     """
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [G, P]
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    prefix: dict = {}
+    cache: dict[str, Any] = {}  # the prompts' key-value cache as the model takes it, when computed up front
     if n > 1 and width > 1 and getattr(model.config, "use_cache", True):
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
         out = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
                     use_cache=True)
-        name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.x renamed it "cache"
-        out[name].batch_repeat_interleave(n)  # [G * n, ...]: generate continues from the last prompt token
-        prefix = {name: out[name]}
+        cache = _cache_of(out)
+        next(iter(cache.values())).batch_repeat_interleave(n)  # [G * n, ...]: decoding goes on from the last token
     input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)  # [G * n, P]
+    warpers = _warpers(temperature, top_p, top_k) if do_sample else None
+    decode = _generate if synced_gpus else _decode
+    sampled, logprobs = decode(model, input_ids, attention, cache, max_new_tokens, pad, eos, record_logprobs, warpers)
+    lengths = [seq.index(eos) + 1 if eos in seq else len(seq) for seq in sampled]
+    responses = [seq[:length] for seq, length in zip(sampled, lengths)]
+    if logprobs is None:
+        return responses, None
+    return responses, [row[:length] for row, length in zip(logprobs, lengths)]
+
+
+def _cache_of(out) -> dict[str, Any]:
+    """The model output's key-value cache, under the name the model's ``forward`` takes it by (transformers
+    >= 5.x renamed ``past_key_values`` to ``cache``)."""
+    name = "cache" if "cache" in out else "past_key_values"
+    return {name: out[name]}
+
+
+def _warpers(temperature: float, top_p: float, top_k: int) -> LogitsProcessorList:
+    """transformers' sampling warpers in ``generate``'s order: temperature, top-k, top-p."""
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    return warpers
+
+
+def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, cache: dict[str, Any], max_new_tokens: int,
+            pad: int, eos: int, record_logprobs: bool, warpers: LogitsProcessorList | None,
+            ) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Token-by-token decoding on a key-value cache from which finished rows are dropped.
+
+    ``input_ids``/``attention`` ``[B, P]`` are left-padded prompts; ``cache``, when given, holds all but their
+    last token. Returns each row's ``max_new_tokens`` sampled tokens (``pad`` after its EOS) and, with
+    ``record_logprobs``, their log-probs under the model (0 after EOS). A cache without ``batch_select_indices``
+    keeps its finished rows (their tokens are dropped instead).
+    """
+    batch = input_ids.shape[0]
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, P] as generate numbers left-padded prompts
+    keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    if cache:  # the prompts' last token, on their cache
+        out = model(input_ids=input_ids[:, -1:], attention_mask=attention, position_ids=positions[:, -1:],
+                    use_cache=True, **cache, **keep_logits)
+    else:  # the prompts whole
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                    **keep_logits)
+    cache = _cache_of(out)
+    droppable = hasattr(next(iter(cache.values())), "batch_select_indices")
+    tokens = input_ids.new_full((batch, max_new_tokens), pad)  # [B, T]
+    logprobs = torch.zeros((batch, max_new_tokens)) if record_logprobs else None  # [B, T]
+    rows = torch.arange(batch, device=input_ids.device)  # [b] each batch row's response
+    going = torch.ones(batch, dtype=torch.bool, device=input_ids.device)  # [b] not finished (without dropping)
+    position = positions[:, -1]  # [b]
+    for t in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float()  # [b, V]
+        if warpers is None:
+            chosen = logits.argmax(-1)  # [b]
+        else:  # drawn over all B rows, as generate does: row i's draw depends on row i's probabilities only,
+            # so the responses are generate's own for the same seed (finished rows get a placeholder distribution)
+            probs = logits.new_ones((batch, logits.shape[1]))  # [B, V]
+            probs[rows] = torch.softmax(warpers(None, logits), dim=-1)
+            chosen = torch.multinomial(probs, 1).squeeze(1)[rows]  # [b]
+        tokens[rows[going], t] = chosen[going]
+        if logprobs is not None:
+            picked = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1)  # [b]
+            logprobs[rows[going].cpu(), t] = picked[going].cpu()
+        going = going & (chosen != eos)  # [b]
+        if t + 1 == max_new_tokens or not bool(going.any()):
+            break
+        if droppable and not bool(going.all()):  # finished rows leave the batch and the cache
+            keep = going.nonzero().squeeze(1)  # [b']
+            next(iter(cache.values())).batch_select_indices(keep)
+            rows, chosen, attention, position, going = rows[keep], chosen[keep], attention[keep], position[keep], \
+                going[keep]
+        attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)  # [b, P + t + 1]
+        position = position + 1  # [b]
+        out = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=position[:, None],
+                    use_cache=True, **cache)
+        cache = _cache_of(out)
+    return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+def _generate(model: nn.Module, input_ids: Tensor, attention: Tensor, cache: dict[str, Any], max_new_tokens: int,
+              pad: int, eos: int, record_logprobs: bool, warpers: LogitsProcessorList | None,
+              ) -> tuple[list[list[int]], list[list[float]] | None]:
+    """:func:`_decode`'s contract through ``model.generate`` with ``synced_gpus`` (FSDP: every rank runs the same
+    forwards, so every row goes on to the end)."""
+    recorder = SampledTokenLogprobs() if record_logprobs else None
+    processors = LogitsProcessorList([recorder] if recorder else [])
+    decoding = {"do_sample": False} if warpers is None else {"do_sample": True, "temperature": 1.0, "top_p": 1.0,
+                                                             "top_k": 0}
+    processors.extend(warpers or [])  # after the recorder: it keeps the model's own distribution
     result = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                            pad_token_id=pad, eos_token_id=eos, **prefix, **decoding)
-    responses = []
-    for seq in result[:, width:].tolist():  # [B, T]
-        responses.append(seq[: seq.index(eos) + 1] if eos in seq else seq)
-    return responses
+                            pad_token_id=pad, eos_token_id=eos, logits_processor=processors, synced_gpus=True,
+                            **cache, **decoding)
+    sampled = result[:, input_ids.shape[1]:]  # [B, T]
+    return sampled.tolist(), None if recorder is None else recorder.finish(result).tolist()

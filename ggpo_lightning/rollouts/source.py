@@ -55,10 +55,13 @@ class RolloutBatch:
     """Async: batches still queued after this one."""
 
     def metrics(self) -> dict[str, float]:
-        """``rollout_seconds``, ``rollout_tokens_per_s`` and the verifier's ``verifier/*`` counts; with the async
+        """``rollout_seconds`` (of which ``rollout_verify_seconds`` waiting for the verifier), ``rollout_tokens_per_s``
+        (response tokens), ``rollout_prompt_tokens`` and the verifier's ``verifier/*`` counts; with the async
         schedule also ``rollout_wait_seconds``, ``over_staleness`` and ``async_queue``."""
         counts = self.counts
-        metrics = {"rollout_seconds": counts.seconds, "rollout_tokens_per_s": counts.tokens / max(counts.seconds, 1e-9),
+        metrics = {"rollout_seconds": counts.seconds, "rollout_verify_seconds": counts.verify_seconds,
+                   "rollout_tokens_per_s": counts.tokens / max(counts.seconds, 1e-9),
+                   "rollout_prompt_tokens": float(counts.prompt_tokens),
                    **{k: float(v) for k, v in counts.verifier.as_dict(prefix="verifier/").items()}}
         if self.wait_seconds is not None:
             metrics.update(rollout_wait_seconds=self.wait_seconds, over_staleness=float(self.over_staleness or 0),

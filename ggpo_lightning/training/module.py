@@ -210,14 +210,20 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         return self
 
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``: shard learner and reference with FSDP2 (:meth:`Policy.shard`); the engine
-        keeps weights of its own."""
+        """Under bf16-mixed the frozen reference is kept in bf16 (:meth:`Policy.reference_in`). Under
+        ``ModelParallelStrategy``: shard learner and reference with FSDP2 (:meth:`Policy.shard`); the engine keeps
+        weights of its own."""
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        if self._trainer is None or not isinstance(self.trainer.strategy, ModelParallelStrategy):
+        if self._trainer is None:
+            return
+        bf16_mixed = str(self.trainer.precision) == "bf16-mixed"
+        if bf16_mixed:
+            self.policy.reference_in(torch.bfloat16)
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
             return
         self.engine.unshare()  # its own copy, taken before the learner is sharded
-        self.policy.shard(self.device_mesh, bf16_mixed=str(self.trainer.precision) == "bf16-mixed")
+        self.policy.shard(self.device_mesh, bf16_mixed=bf16_mixed)
         self.engine.to(self.device)
 
     def configure_callbacks(self) -> list[L.Callback]:

@@ -41,6 +41,8 @@ def test_summed_and_averaged_metrics():
     assert _summed_metric("generated_samples") and _summed_metric("verifier/correct")
     assert not _summed_metric("verifier/accuracy") and not _summed_metric("loss") and not _summed_metric("reward")
     assert _summed_metric("verifier/unboxed") and not _summed_metric("verifier/unboxed_share")  # a count, a share
+    assert _summed_metric("response_tokens") and _summed_metric("rollout_prompt_tokens")  # the step's, all ranks
+    assert not _summed_metric("response_length") and not _summed_metric("rollout_verify_seconds")
 
 
 def test_decoder_layers_are_found_by_class_name(tiny_lm):

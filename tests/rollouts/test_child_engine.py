@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.child_engine import ChildProcessEngine
 from ggpo_lightning.rollouts.config import SamplingConfig
 
@@ -27,13 +28,14 @@ def test_the_child_samples_with_the_weights_loaded_in_the_parent(tiny_lm):
         generations = engine.generate(prompts, 3, sampling)
         assert engine._child.process is child  # the same process: it saw the new weights through shared memory
         for generation in generations:
-            # the child's recorded log-probs are those of the new weights (scored here, in the parent)
-            expected = engine._score([generation.prompt_ids] * 3, generation.response_ids)
+            # the child's recorded log-probs are those of the new weights (scored here by a forward of `updated`)
+            expected = response_token_logprobs(updated, [generation.prompt_ids] * 3, generation.response_ids,
+                                               tok.pad_token_id)
             for got, want in zip(generation.token_logprobs, expected):
                 assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-5)
-        old = engine._score([first[0].prompt_ids] * 3, first[0].response_ids)
+        old = response_token_logprobs(updated, [first[0].prompt_ids] * 3, first[0].response_ids, tok.pad_token_id)
         assert not all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
-                       for a, b in zip(first[0].token_logprobs, old))  # ... and not the old ones
+                       for a, b in zip(first[0].token_logprobs, old))  # the first rollout's were not (old weights)
     finally:
         engine.close()
     assert not child.is_alive() and engine._child.process is None

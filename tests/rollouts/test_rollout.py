@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
+from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses
+from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses, sample_responses
 
 
 def params_equal(a, b) -> bool:
@@ -43,22 +43,6 @@ def test_engine_is_a_private_copy_synced_by_load_weights(tiny_lm):
     engine.load_weights(model, version=7)
     assert params_equal(engine.model, model) and engine.version == 7
     assert not any(p.requires_grad for p in engine.model.parameters())
-
-
-def test_recorded_logprobs_are_the_behavior_models_token_logprobs(tiny_lm):
-    model, tok = tiny_lm
-    engine = HFGenerateEngine(model, tok, record_logprobs=True)
-    prompts = [tok("2+3=")["input_ids"], tok("5+1=")["input_ids"]]
-    out = engine.generate(prompts, 3, SamplingConfig(max_new_tokens=5, temperature=1.5))
-    flat_prompts = [g.prompt_ids for g in out for _ in g.response_ids]
-    flat = [r for g in out for r in g.response_ids]
-    ids, att, tgt = pack_sequences(flat_prompts, flat, tok.pad_token_id)
-    with torch.no_grad():
-        expected = token_logprobs(model, ids, att, tgt)
-    got = [lp for g in out for lp in g.token_logprobs]
-    for i, lp in enumerate(got):
-        assert len(lp) == len(flat[i])
-        torch.testing.assert_close(torch.tensor(lp), expected[i][tgt[i]], rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_engine_for_the_mismatch_setting(tiny_lm):
@@ -113,3 +97,84 @@ def test_a_prompt_prefix_computed_once_per_group_gives_the_same_responses(tiny_l
     alone = generate_responses(model, tok, [p for p in prompts for _ in range(3)], 6, do_sample=True,
                                temperature=1.0, top_k=0)
     assert shared == alone
+
+
+@pytest.mark.parametrize("n, temperature, top_p", [(1, 1.0, 1.0), (3, 0.7, 0.9), (4, 1.3, 1.0)])
+def test_log_probs_recorded_while_sampling_equal_a_scoring_forward(tiny_lm, n, temperature, top_p):
+    """The behavior log-probs come from the sampling pass itself (no second forward) and are the model's own
+    distribution: the warpers (temperature, top-p) change what is drawn, not what is recorded; left-padded prompts
+    and the shared prompt prefix (n > 1) included."""
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"]]
+    engine = HFGenerateEngine(model, tok, record_logprobs=True)
+    torch.manual_seed(3)
+    out = engine.generate(prompts, n, SamplingConfig(max_new_tokens=7, temperature=temperature, top_p=top_p))
+    lengths = {len(ids) for g in out for ids in g.response_ids}
+    assert len(lengths) > 1  # some responses stopped at EOS before others: the padded tail is cut off
+    for g in out:
+        expected = response_token_logprobs(model, [g.prompt_ids] * n, g.response_ids, tok.pad_token_id)
+        for got, want in zip(g.token_logprobs, expected):
+            assert len(got) == len(want)
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=2e-5)
+
+
+def test_sampling_without_recording_returns_no_log_probs_and_the_same_responses(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"]]
+    torch.manual_seed(5)
+    plain, none = sample_responses(model, tok, prompts, 6, n=2, do_sample=True, top_k=0)
+    torch.manual_seed(5)
+    recorded, logprobs = sample_responses(model, tok, prompts, 6, n=2, record_logprobs=True, do_sample=True, top_k=0)
+    assert none is None and plain == recorded  # recording leaves the draws alone
+    assert [len(lp) for lp in logprobs] == [len(r) for r in recorded] and all(x <= 0 for lp in logprobs for x in lp)
+
+
+def _hf_generate(model, tok, prompts, max_new_tokens, **decoding):
+    """transformers' own ``generate`` on the same left-padded prompts: the reference decoding."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **decoding)
+    return [seq[: seq.index(tok.eos_token_id) + 1] if tok.eos_token_id in seq else seq
+            for seq in out[:, width:].tolist()]
+
+
+def test_greedy_decoding_equals_transformers_generate(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"], tok("7+7=")["input_ids"]]
+    expected = _hf_generate(model, tok, prompts, 9, do_sample=False)
+    assert len({len(r) for r in expected}) > 1  # rows stop at different steps: finished rows are dropped
+    assert generate_responses(model, tok, prompts, 9, do_sample=False) == expected
+    repeated = generate_responses(model, tok, prompts, 9, n=2, do_sample=False)  # on the shared prompt cache
+    assert repeated == [r for r in expected for _ in range(2)]
+
+
+def test_sampling_gives_transformers_generate_responses_for_the_same_seed(tiny_lm):
+    """The same warpers in generate's order (temperature, top-k, top-p) and the same draws (one multinomial over
+    every row, finished ones included): generate's responses, although finished rows leave our batch."""
+    model, tok = tiny_lm
+    prompts = [tok(f"{a}+{b}=")["input_ids"] for a, b in [(1, 2), (13, 4), (9, 9), (5, 60)]] * 4
+    for settings in (dict(temperature=0.6, top_p=0.8, top_k=0), dict(temperature=1.4, top_p=1.0, top_k=5)):
+        torch.manual_seed(11)
+        ours = generate_responses(model, tok, prompts, 9, do_sample=True, **settings)
+        torch.manual_seed(11)
+        expected = _hf_generate(model, tok, prompts, 9, do_sample=True, **settings)
+        assert len({len(r) for r in expected}) > 1  # some rows finished early and left our batch
+        assert ours == expected
+
+
+def test_finished_rows_leave_the_batch(tiny_lm):
+    model, tok = tiny_lm
+    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"], tok("7+7=")["input_ids"]]
+    rows_per_forward = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: rows_per_forward.append(
+        kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        responses = generate_responses(model, tok, prompts, 9, do_sample=False)
+    finally:
+        handle.remove()
+    # after the prompts' forward, each step feeds only the rows still going
+    still_going = [sum(len(r) > t and not (t == len(r) - 1 and r[-1] == tok.eos_token_id) for r in responses)
+                   for t in range(len(rows_per_forward) - 1)]
+    assert rows_per_forward[1:] == still_going and rows_per_forward[-1] < len(prompts)

@@ -252,7 +252,32 @@ def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
     trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed")
     assert trainer.global_step == 2 and module.nan_guard.total == 0
     assert all(p.dtype == torch.float32 for p in module.learner.parameters())  # fp32 master weights
+    assert all(p.dtype == torch.bfloat16 for p in module.reference.parameters())  # the frozen reference in bf16
     assert any(not torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
+
+
+def test_a_bf16_reference_gives_the_kl_term_of_an_fp32_one_under_autocast(tiny_model_dir):
+    """Under bf16-mixed the reference's matmuls run in bf16 either way; keeping its weights in bf16 changes only
+    the rounding of norms and embeddings: its token log-probs, and the KL term built on them, stay within bf16
+    tolerance of the fp32 reference's."""
+    from ggpo_lightning.core.batch import batch_token_logprobs
+
+    module = make_module(tiny_model_dir)
+    tok = module.tokenizer
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # noqa: E731
+    groups = [make_group(tok(f"{a}+{b}=")["input_ids"], [enc(str(a + b)), enc("4"), enc("13")], [1.0, 0.0, 0.0],
+                         prompt_id=f"p{a}{b}") for a, b in [(1, 2), (3, 4), (5, 5)]]
+    batch = module.pack(groups)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        learner = batch_token_logprobs(module.learner, batch, 4096)  # [B, L]
+        fp32_reference = batch_token_logprobs(module.reference, batch, 4096)
+        module.policy.reference_in(torch.bfloat16)
+        bf16_reference = batch_token_logprobs(module.reference, batch, 4096)
+    assert next(module.reference.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(bf16_reference, fp32_reference, rtol=0, atol=0.05)
+    kl_fp32 = (learner - fp32_reference).sum(-1)  # [B] per-sequence log-ratio, the KL term's summand
+    kl_bf16 = (learner - bf16_reference).sum(-1)
+    torch.testing.assert_close(kl_bf16, kl_fp32, rtol=0, atol=0.05)
 
 
 def test_bf16_with_a_fused_optimizer_clips_gradients(tiny_model_dir, data_dir):

@@ -1,0 +1,112 @@
+"""Every script under ``benchmarks/`` runs, at toy size, and prints what it promises: a refactor that breaks one
+fails here, not in the next measurement session. (``step_memory.py``: tests/test_step_memory_benchmark.py;
+``verifier_throughput.py``: tests/verifiers/test_benchmark_smoke.py.) These check that the scripts work and report
+consistent figures; the figures themselves are measured on a quiet machine (docs/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+PEER_BENCH = ROOT.parent / "shared" / "peer-bench"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 600) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True,
+                            env=ENV, cwd=cwd, timeout=timeout)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    return result.stdout
+
+
+@pytest.mark.skipif(not PEER_BENCH.is_dir(), reason="the peer benchmark (shared/peer-bench) sits beside the checkout")
+def test_vs_trl_runs_both_systems_side_by_side_and_reports_ratios(tmp_path):
+    """TRL's harness, ``ggpo_worker.py`` (sync and async), the learning check with its accuracy curve, and the
+    learner-utilization script, on an un-warmed tiny model for a few steps."""
+    out = tmp_path / "out"
+    stdout = run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "3", "--async",
+                        "--learning-steps", "4", "--learning-seeds", "42", "--learning-val-every", "2",
+                        "--util-response-len", "8", "--util-model", "tiny", "--sft-steps", "0",
+                        "--artifacts", str(tmp_path / "artifacts"), "--out", str(out))
+    report = json.loads((out / "vs_trl.json").read_text())
+    (row,) = report["rows"]
+    assert row["systems"] == ["trl", "ggpo", "ggpo-async"]
+    for system in row["systems"]:
+        assert row[system]["completions_per_sec"] > 0 and row[system]["peak_rss_mb"] > 0
+        assert len(row[system]["reward_per_step"]) == 3
+    for system in ("ggpo", "ggpo-async"):  # every phase measured, none negative (the step's rest included)
+        assert all(seconds >= 0 for seconds in row[system]["phase_s"].values()), row[system]["phase_s"]
+        ratio = row["ratio"][system]["completions_per_sec"]
+        assert ratio == pytest.approx(row[system]["completions_per_sec"] / row["trl"]["completions_per_sec"])
+    assert row["ggpo"]["phase_s"]["generate"] > 0 and row["ggpo"]["phase_s"]["backward"] > 0
+    assert f"**ggpo/TRL** | {row['ratio']['ggpo']['sec_per_step']:.2f}x" in stdout
+    learning = report["learning"]
+    assert set(learning) == {"trl", "ggpo", "ggpo-grpo"}
+    for system in ("ggpo", "ggpo-grpo"):
+        (share,) = learning[system]["share_of_trl_time_to_trl_final_acc"]
+        assert share is None or share > 0
+    curve = json.loads((out / "learning_tiny_ggpo_seed42.json").read_text())["accuracy_curve"]
+    assert [p["step"] for p in curve] == [2, 4] and curve[0]["train_seconds"] < curve[1]["train_seconds"]
+    (update,) = report["utilization"]["runs"]
+    assert update["response_tokens"] == 8 * 8 * 8 and update["model_flops_per_s"] > 0
+
+
+def test_train_step_prints_both_phases():
+    stdout = run_script("train_step.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
+                        "--groups", "2", "--k", "2", "--response-len", "4", "--repeat", "1")
+    rows = dict(re.findall(r"^(rollout|train step) +([\d.]+) ", stdout, flags=re.M))
+    assert set(rows) == {"rollout", "train step"} and all(float(s) > 0 for s in rows.values())
+
+
+def test_async_rollouts_compares_both_schedules(tmp_path):
+    stdout = run_script("async_rollouts.py", "--out", str(tmp_path / "out"), "--objectives", "ggpo", "--steps", "4",
+                        "--val-every", "2", "--", "--tiny_model.sft_steps=2", "--tiny_model.hidden_size=16",
+                        "--tiny_model.num_layers=1", "--tiny_model.num_heads=1", "--synthetic_data.n_train=64",
+                        "--synthetic_data.n_test=16", "--data.prompts_per_step=2", cwd=tmp_path)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results) == {"ggpo-sync-0", "ggpo-async-0"}
+    for result in results.values():
+        assert [p["step"] for p in result["curve"]] == [2, 4]
+        assert result["summary"]["optimizer_steps"] == 4
+    assert "over seeds:" in stdout
+
+
+def test_staleness_lab_prints_the_grid_with_spread():
+    stdout = run_script("staleness_lab.py", "--steps", "8", "--seeds", "2", "--table", "grid")
+    assert re.search(r"^\| grpo \| [\d.]+ ± [\d.]+ \|", stdout, flags=re.M)
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "staleness_lab.py"), "--seeds", "1"],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert refused.returncode == 2 and "--seeds must be at least 2" in refused.stderr
+
+
+def test_checksum_speed_hashes_and_cleans_up(tmp_path):
+    stdout = run_script("checksum_speed.py", "--gb", "0.002", "--repeats", "1", "--dir", str(tmp_path))
+    assert re.search(r"^median \d+ MB/s", stdout, flags=re.M)
+    assert list(tmp_path.iterdir()) == []  # the test file is removed
+
+
+@pytest.mark.vllm
+def test_vllm_generate_times_both_engines():
+    pytest.importorskip("vllm")
+    stdout = run_script("vllm_generate.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
+                        "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1", "--dtype", "float32")
+    engines = dict(re.findall(r"^  (hf|vllm) +([\d.]+) s/round", stdout, flags=re.M))
+    assert set(engines) == {"hf", "vllm"} and all(float(s) > 0 for s in engines.values())
+    assert "ratio hf / vllm seconds:" in stdout
+
+
+def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():
+    stdout = run_script("rollout_logprobs.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
+                        "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1")
+    ways = dict(re.findall(r"^  (sample only|recorded|scored) +([\d.]+) s/round", stdout, flags=re.M))
+    assert set(ways) == {"sample only", "recorded", "scored"}
+    gap = float(re.search(r"max \|recorded - scored\| log-prob: ([\d.e+-]+)", stdout).group(1))
+    assert gap < 1e-4  # fp32: the recorded behavior log-probs are the scoring forward's
