@@ -46,7 +46,7 @@ from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
-from ggpo_lightning.training.settings import build_config
+from ggpo_lightning.training.settings import build_config, check_model_settings
 
 __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens", "check_memory", "run_memory_estimate"]
 
@@ -54,8 +54,9 @@ __all__ = ["check_run", "check_prompt_lengths", "check_buffer_tokens", "check_me
 def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     """Raise the first problem of the recipe ``config`` (a plain dict) that needs no model weights to find."""
     _check_optimizer(config["model"].get("optimizer"))
-    _check_engine_installed(config["model"].get("rollout") or {})
+    check_model_settings(config["model"])  # the recipe's own consistency first, then what this machine has
     _check_processes(config)
+    _check_engine_installed(config["model"].get("rollout") or {})
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     datamodule.load_rows()
     model = config["model"]
