@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "max_across_ranks", "rank_share",
+__all__ = ["all_gather_objects", "broadcast_from_rank0_", "gather_rows", "interleave", "max_across_ranks", "rank_share",
            "reduce_step_metrics", "sum_across_ranks", "world"]
 
 T = TypeVar("T")
@@ -48,6 +48,15 @@ def all_gather_objects(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def gather_rows(values: Tensor) -> Tensor:
+    """Every rank's ``values`` (``[n_r, C]``, ``n_r`` may differ and be 0) concatenated in rank order, on ``values``'s
+    device: ``[sum_r n_r, C]``; ``values`` itself on one process. For small per-response tables (pickled through the
+    process group as CPU tensors)."""
+    if world()[1] == 1:
+        return values
+    return torch.cat([t.to(values.device) for t in all_gather_objects(values.detach().cpu())])
 
 
 def sum_across_ranks(values: Tensor) -> Tensor:
