@@ -224,6 +224,11 @@ def test_cli_writes_the_splits_and_reports_counts(tmp_path: Path):
     # Again with the same options: the files are reused and the counts reported again.
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and again.output == result.output
+    worked = CliRunner().invoke(main, [*args[:3], str(tmp_path / "worked"), *args[4:], "--solutions"])
+    assert worked.exit_code == 0, worked.output
+    assert read_rows(tmp_path / "worked" / "test.jsonl") == generate_synth_splits(
+        SynthMathConfig(families=("arithmetic", "polynomial"), levels=(1, 3), n_train=10, n_test=6, seed=2,
+                        solutions=True))[1]
 
 
 def test_cli_help_lists_every_family():
