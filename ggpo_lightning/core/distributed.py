@@ -96,8 +96,15 @@ def _summed_metric(name: str) -> bool:
         name.startswith("verifier/") and name not in ("verifier/accuracy", "verifier/unboxed_share"))
 
 
+def _maximum_metric(name: str) -> bool:
+    """Metrics that are a maximum over the step's responses or groups (``staleness_max``, ``response_length_max``):
+    their value over ranks is the largest."""
+    return name.endswith("_max")
+
+
 def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """Each step metric over all ranks, in one all-reduce: counters and throughputs summed, the rest averaged.
+    """Each step metric over all ranks: counters and throughputs summed, maxima (``*_max``) the largest (a second
+    all-reduce, MAX), the rest averaged.
 
     Every rank holds the same number of groups, so the mean of the ranks' losses is the
     loss of the whole step's groups, as on one process. A NaN ``loss`` on any rank makes the
@@ -113,4 +120,10 @@ def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dic
     totals = sum_across_ranks(torch.cat([torch.where(present, values, torch.zeros_like(values)),
                                          present.float()]))  # [2M]
     sums, counts = totals[:len(names)], totals[len(names):]
-    return {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}
+    reduced = {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}
+    maxima = [n for n in names if _maximum_metric(n)]
+    if maxima:
+        largest = torch.stack([metrics[n].detach().to(device, torch.float64) for n in maxima])  # [M_max]
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        reduced.update({n: value.float() for n, value in zip(maxima, largest)})
+    return reduced

@@ -194,34 +194,24 @@ def test_coverage_is_stable_at_hundreds_of_nats_and_one_on_policy():
     assert coverage_diagnostics(torch.zeros(0, 3, dtype=torch.float64)) == {}
 
 
-def _gather_worker(rank: int, port: int, rows: list, out) -> None:
-    import torch.distributed as dist
-
+def _coverage_on_rank(rows: list, rank: int) -> dict[str, float]:
     from ggpo_lightning.core.distributed import gather_rows
     from ggpo_lightning.core.drift import coverage_diagnostics
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        mine = torch.tensor(rows[rank], dtype=torch.float64).reshape(-1, 3)
-        out[rank] = {k: v.item() for k, v in coverage_diagnostics(gather_rows(mine)).items()}
-    finally:
-        dist.destroy_process_group()
+    mine = torch.tensor(rows[rank], dtype=torch.float64).reshape(-1, 3)
+    return {k: v.item() for k, v in coverage_diagnostics(gather_rows(mine)).items()}
 
 
 def test_coverage_over_two_gloo_processes_is_that_of_all_responses():
-    """Rank 0 holds 3 responses, rank 1 one (and a rank with none works too): gathered, not averaged."""
-    import socket
+    """Rank 0 holds 3 responses, rank 1 one: gathered, not averaged."""
+    from functools import partial
 
-    import torch.multiprocessing as mp
+    from gloo_ranks import on_two_ranks
 
     from ggpo_lightning.core.drift import coverage_diagnostics
 
     rows = [[[-0.5, 1, -0.5], [1.0, 2, 1.0], [-1.25, 2, -0.5]], [[3.0, 2, 3.0]]]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(_gather_worker, args=(port, rows, out), nprocs=2, join=True)
+    out = on_two_ranks(partial(_coverage_on_rank, rows))
     whole = coverage_diagnostics(torch.tensor(rows[0] + rows[1], dtype=torch.float64))
     for rank in (0, 1):
         assert out[rank] == pytest.approx({k: v.item() for k, v in whole.items()})
