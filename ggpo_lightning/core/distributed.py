@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0_", "gather_rows", "interleave", "max_across_ranks", "rank_share",
-           "reduce_step_metrics", "sum_across_ranks", "world"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0_", "gather_rows", "interleave", "max_across_ranks",
+           "rank_share", "reduce_step_metrics", "sum_across_ranks", "world"]
 
 T = TypeVar("T")
 

@@ -35,6 +35,9 @@ Besides the registered objectives the lab knows ``naive_pg``, the standard
 the raw reward on mu's samples with a group-mean baseline and no importance weights,
 plus the exact ``KL(pi || pi_ref)`` as a loss term.
 
+The finite-group result (``docs/METHOD.md#the-finite-group-result``) is checked exactly, over every K-tuple of a
+small problem (:func:`finite_group_check`, ``ggpo tabular --check finite-group``).
+
 Run it as ``ggpo tabular`` (see ``ggpo tabular --help``).
 """
 

@@ -42,8 +42,8 @@ from transformers import (
 
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 
-__all__ = ["TinyModelConfig", "build_reasoning_tokenizer", "build_tiny_model", "build_tiny_tokenizer", "ensure_tiny_model",
-           "greedy_accuracy"]
+__all__ = ["TinyModelConfig", "build_reasoning_tokenizer", "build_tiny_model", "build_tiny_tokenizer",
+           "ensure_tiny_model", "greedy_accuracy"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 SYMBOLS = tuple("0123456789+-*/=() .,?:") + ("\n",)

@@ -428,7 +428,8 @@ def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_mode
     class Recorder(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, *args):
             for name in ("kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior",
-                         "coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess_share", "token_log_ratio_max"):
+                         "coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess_share",
+                         "token_log_ratio_max"):
                 logged.setdefault(name, []).append(float(trainer.logged_metrics[f"train/{name}"]))
 
     fit(make_module(tiny_model_dir), make_data(data_dir), steps=3, callbacks=[Recorder()])
