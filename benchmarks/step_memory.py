@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> dict:
     base = rss_mb()
     start = time.perf_counter()
     if args.max_tokens:
-        _, _, coefficients = two_pass_loss(learner, batch, plan, args.chunk, loss_of)
+        _, _, coefficients, _ = two_pass_loss(learner, batch, plan, args.chunk, loss_of)
         backward_micro_batches(learner, batch, plan, coefficients, args.chunk, lambda s: s.backward()).backward()
     else:
         loss, _ = loss_of(batch, batch_token_logprobs(learner, batch, args.chunk))

@@ -42,11 +42,13 @@ def data_group() -> None:
 @click.option("--n-test", type=click.IntRange(min=1), default=500, show_default=True,
               help="Test problems in total, shared evenly over the family/level cells.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--solutions", is_flag=True,
+              help="Rows also carry a worked solution: a few steps of text and LaTeX ending in \\boxed{answer}.")
 def synth_command(out: Path, families: list[str] | None, levels: list[str], n_train: int, n_test: int,
-                  seed: int) -> None:
+                  seed: int, solutions: bool) -> None:
     """Write synthetic math problems with LaTeX gold answers as train/test JSONL splits.
 
-    Rows are {"id", "problem", "answer", "family", "level"}; train with
+    Rows are {"id", "problem", "answer", "family", "level"} (and "solution" with --solutions); train with
     data.prompt_field=problem. Prompts are distinct and the splits disjoint. Rerunning with
     the same options reuses the files; other options over an existing --out are an error.
     """
@@ -65,7 +67,7 @@ def synth_command(out: Path, families: list[str] | None, levels: list[str], n_tr
         raise click.BadParameter(f"{','.join(levels)}: levels must be integers from {LEVELS[0]} to {LEVELS[-1]}",
                                  param_hint="--levels")
     config = SynthMathConfig(families=tuple(families), levels=tuple(parsed_levels), n_train=n_train,
-                             n_test=n_test, seed=seed)
+                             n_test=n_test, seed=seed, solutions=solutions)
     try:
         train_path, test_path = write_synth_splits(config, out)
     except (ValueError, FileExistsError) as err:  # too many rows asked, or --out holds other data

@@ -95,19 +95,29 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> list[floa
 @click.option("--log-every", type=click.IntRange(min=1), default=250, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Save a PNG plot here (needs matplotlib).")
+@click.option("--check", type=click.Choice(["finite-group"]), default=None,
+              help="Instead of training: check the finite-group result (docs/METHOD.md#the-finite-group-result) "
+                   "by exact enumeration of every K-tuple, K = 1..--k, on --problems random problems of --actions.")
+@click.option("--problems", type=click.IntRange(min=1), default=100, show_default=True,
+              help="--check: random problems (each also on policy and with half of its actions uncovered).")
 def tabular(objectives: list[str], mode: str, policy: str, prompts: int, rank: int, actions: int, groups: int, k: int,
             beta: float, steps: int, lr: float, sync_every: int, anchor: list[float], logratio_bound: float | None,
-            log_every: int, seed: int, plot: str | None) -> None:
+            log_every: int, seed: int, plot: str | None, check: str | None, problems: int) -> None:
     """Train policies on an exact finite-action problem.
 
     Prints, per objective (and anchor lambda), KL(pi || pi*), the suboptimality J* - J(pi),
     the mean reward and KL(mu || pi) to the current behavior over steps, where pi* is the
     Gibbs policy (the KL-regularized optimum); then each run's final values and its drift
     KL(mu || pi) at the end of each sync window (mean and max over windows).
+    With --check finite-group: the finite-group result instead (exit code 1 if the theorem fails where it applies).
     """
     import torch
 
     from ggpo_lightning.lab import tabular as lab
+
+    if check == "finite-group":
+        _check_finite_group(lab, actions, beta, k, problems, torch.Generator().manual_seed(seed))
+        return
 
     known = lab.available_objectives() + list(lab.LAB_ONLY_OBJECTIVES)
     unknown = [o for o in objectives if o not in known]
@@ -147,6 +157,32 @@ def tabular(objectives: list[str], mode: str, policy: str, prompts: int, rank: i
     if plot:
         lab.plot_runs(runs, plot, f"tabular lab: {prompts} x {actions} actions, beta={beta}, {mode}")
         click.echo(f"plot saved to {plot}")
+
+
+def _check_finite_group(lab, actions: int, beta: float, k: int, problems: int, generator) -> None:
+    """Print, per case and K, how many problems break each statement of the finite-group result; exit 1 if the
+    theorem fails where coverage holds."""
+    if actions**k > 100_000:
+        raise click.BadParameter(f"the check enumerates --actions^--k = {actions}^{k} tuples per problem, over "
+                                 "100000; lower --k or --actions", param_hint="--k")
+    rows = lab.finite_group_checks(actions, beta, list(range(1, k + 1)), problems, generator)
+    click.echo(f"finite-group check: {problems} problems x {actions} actions, beta={beta}; per case and K, the "
+               "problems where each statement fails (theorem: J*-J <= C (E[L_K] + beta log K + Delta_K))")
+    click.echo("  case        K   theorem  C-on-support  sandwich  learner-form   max (J*-J)/bound")
+    broken = 0
+    for case in ("covered", "on-policy", "uncovered"):
+        for kk in range(1, k + 1):
+            cell = [c for name, c in rows if name == case and c.k == kk]
+            fails = [sum(not test(c) for c in cell) for test in (
+                lab.FiniteGroupCheck.holds, lab.FiniteGroupCheck.holds_on_support,
+                lab.FiniteGroupCheck.sandwich_holds, lab.FiniteGroupCheck.learner_form_holds)]
+            ratios = [c.gap / c.bound for c in cell if 0 < c.bound < math.inf]
+            broken += fails[0] if case != "uncovered" else 0
+            click.echo(f"  {case:<10} {kk:2d}  {fails[0]:7d}  {fails[1]:12d}  {fails[2]:8d}  {fails[3]:12d}   "
+                       + (f"{max(ratios):.3f}" if ratios else "  -  (C = inf)"))
+    click.echo("theorem: holds wherever coverage holds" if not broken else f"theorem FAILS on {broken} checks")
+    if broken:
+        sys.exit(1)
 
 
 def _echo_problem(problem: FiniteProblem, target: Tensor, mode: str, groups: int, k: int, seed: int) -> None:

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0_", "interleave", "launched_as_global_rank_zero",
-           "max_across_ranks", "rank_share", "reduce_step_metrics", "sum_across_ranks", "world"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0_", "gather_rows", "interleave",
+           "launched_as_global_rank_zero", "max_across_ranks", "rank_share", "reduce_step_metrics", "sum_across_ranks",
+           "world"]
 
 T = TypeVar("T")
 
@@ -63,6 +64,15 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return gathered
 
 
+def gather_rows(values: Tensor) -> Tensor:
+    """Every rank's ``values`` (``[n_r, C]``, ``n_r`` may differ and be 0) concatenated in rank order, on ``values``'s
+    device: ``[sum_r n_r, C]``; ``values`` itself on one process. For small per-response tables (pickled through the
+    process group as CPU tensors)."""
+    if world()[1] == 1:
+        return values
+    return torch.cat([t.to(values.device) for t in all_gather_objects(values.detach().cpu())])
+
+
 def sum_across_ranks(values: Tensor) -> Tensor:
     """Element-wise sum of ``values`` over all ranks (one all-reduce); ``values`` itself on one process.
 
@@ -101,8 +111,15 @@ def _summed_metric(name: str) -> bool:
         name.startswith("verifier/") and name not in ("verifier/accuracy", "verifier/unboxed_share"))
 
 
+def _maximum_metric(name: str) -> bool:
+    """Metrics that are a maximum over the step's responses or groups (``staleness_max``, ``response_length_max``):
+    their value over ranks is the largest."""
+    return name.endswith("_max")
+
+
 def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """Each step metric over all ranks, in one all-reduce: counters and throughputs summed, the rest averaged.
+    """Each step metric over all ranks: counters and throughputs summed, maxima (``*_max``) the largest (a second
+    all-reduce, MAX), the rest averaged.
 
     Every rank holds the same number of groups, so the mean of the ranks' losses is the
     loss of the whole step's groups, as on one process. A NaN ``loss`` on any rank makes the
@@ -118,4 +135,10 @@ def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dic
     totals = sum_across_ranks(torch.cat([torch.where(present, values, torch.zeros_like(values)),
                                          present.float()]))  # [2M]
     sums, counts = totals[:len(names)], totals[len(names):]
-    return {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}
+    reduced = {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}
+    maxima = [n for n in names if _maximum_metric(n)]
+    if maxima:
+        largest = torch.stack([metrics[n].detach().to(device, torch.float64) for n in maxima])  # [M_max]
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        reduced.update({n: value.float() for n, value in zip(maxima, largest)})
+    return reduced

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ggpo_lightning.core.objectives import check_groups, check_rewards, compute_dtype
 
-__all__ = ["DriftDiagnostics", "behavior_anchor", "drift_diagnostics"]
+__all__ = ["DriftDiagnostics", "behavior_anchor", "coverage_diagnostics", "coverage_rows", "drift_diagnostics"]
 
 
 def _per_group_mean(x: Tensor, mask: Tensor, empty: float) -> Tensor:
@@ -154,3 +154,54 @@ def drift_diagnostics(
         log_mass_ratio=_per_group_mean((mass_pi - mass_mu).unsqueeze(-1), has_any.unsqueeze(-1), math.nan),
         logratio_ref_on_behavior=_per_group_mean(lp - ref, mask, math.nan),
     )
+
+
+@torch.no_grad()
+def coverage_rows(token_logp: Tensor, behavior_token_logp: Tensor, target_mask: Tensor, valid: Tensor) -> Tensor:
+    """Per valid response: ``[log pi(y) - log mu(y), tokens, max_t (log pi(y_t) - log mu(y_t))]``, float64 ``[N, 3]``.
+
+    Args:
+        token_logp, behavior_token_logp: ``[B, L]`` learner and behavior token log-probs of the step's responses
+            (one row per response; off the responses anything).
+        target_mask: ``[B, L]`` bool, True on response tokens.
+        valid: ``[B]`` bool, the responses the objective sees (a masked response is left out).
+
+    The rows of several processes concatenate into those of the whole step (:func:`coverage_diagnostics`).
+    """
+    neg_inf = torch.full((), -math.inf, dtype=torch.float64, device=token_logp.device)
+    d = torch.where(target_mask, token_logp.detach().double() - behavior_token_logp.double(), 0.0)  # [B, L]
+    rows = torch.stack([d.sum(-1), target_mask.sum(-1).double(),
+                        torch.where(target_mask, d, neg_inf).amax(-1)], dim=-1)  # [B, 3]
+    return rows[valid]  # [N, 3]
+
+
+def coverage_diagnostics(rows: Tensor) -> dict[str, Tensor]:
+    """Coverage of the learner by the behavior on the step's responses (``docs/METHOD.md#diagnostics``).
+
+    ``rows`` is :func:`coverage_rows` of every response of the step (``[N, 3]``, all processes), with ``log r_i =
+    log pi(y_i) - log mu(y_i)`` (sequence level) and ``w_i = r_i = pi(y_i)/mu(y_i)``:
+
+    - ``coverage_log_ratio_max = max_i log r_i`` and ``coverage_log_ratio_p95`` (the 95th percentile of the ``log r_i``,
+      linear interpolation between order statistics): both lower bounds on ``log C``, ``C = max_y pi(y)/mu(y)``
+      (a max over samples cannot exceed the max over all responses; the percentile is below the max);
+    - ``coverage_ess = (sum_i w_i)^2 / sum_i w_i^2``, in log space with the shift ``m = max_i log r_i``
+      (``w_i e^-m <= 1``: no overflow at hundreds of nats), and ``coverage_ess_share = ESS / N`` (1 on policy,
+      ``1/N`` when one response carries all the weight);
+    - ``token_log_ratio_mean = sum_i log r_i / sum_i |y_i|`` (the mean per-token log-ratio over every response token)
+      and ``token_log_ratio_max``, its max over tokens.
+
+    The mean of ``log r`` is ``-kl_behavior_k1``'s (up to its per-group weighting): not repeated. Empty ``rows``: {}.
+    """
+    if rows.shape[0] == 0:
+        return {}
+    log_r, tokens, token_max = rows.unbind(-1)  # [N] each
+    w = torch.exp(log_r - log_r.max())  # [N], <= 1
+    ess = w.sum() ** 2 / (w * w).sum()
+    return {
+        "coverage_log_ratio_max": log_r.max(),
+        "coverage_log_ratio_p95": torch.quantile(log_r, 0.95),
+        "coverage_ess": ess,
+        "coverage_ess_share": ess / log_r.numel(),
+        "token_log_ratio_mean": log_r.sum() / tokens.sum().clamp(min=1),
+        "token_log_ratio_max": token_max.max(),
+    }

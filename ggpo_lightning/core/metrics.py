@@ -6,13 +6,15 @@ Pure torch: the glue adds the rollout's counts (:meth:`RolloutBatch.metrics
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ggpo_lightning.core.batch import StepBatch
-from ggpo_lightning.core.drift import behavior_anchor, drift_diagnostics
+from ggpo_lightning.core.distributed import gather_rows
+from ggpo_lightning.core.drift import behavior_anchor, coverage_diagnostics, coverage_rows, drift_diagnostics
 from ggpo_lightning.core.objectives import ObjectiveInputs, ggpo_diagnostics
 
-__all__ = ["step_metrics"]
+__all__ = ["coverage_metrics", "step_metrics"]
 
 
 def step_metrics(inputs: ObjectiveInputs, loss: Tensor, batch: StepBatch, step: int, beta: float) -> dict[str, Tensor]:
@@ -49,3 +51,17 @@ def step_metrics(inputs: ObjectiveInputs, loss: Tensor, batch: StepBatch, step: 
     if inputs.behavior_logp is not None:
         metrics.update(drift_diagnostics(logp, inputs.behavior_logp, inputs.ref_logp, rewards, mask).as_dict())
     return metrics
+
+
+def coverage_metrics(token_logp: Tensor, batch: StepBatch) -> dict[str, Tensor]:
+    """:func:`~ggpo_lightning.core.drift.coverage_diagnostics` of the whole step, every process's responses gathered
+    (exact: the max, the percentile and the ESS of all of them, the same value on every rank; nothing to average
+    after). ``token_logp`` ``[B, L]``: the learner's token log-probs of ``batch``. A collective: every rank calls it;
+    {} when the step has no recorded behavior log-probs or no valid response."""
+    present = batch.group_mask if batch.present_mask is None else batch.present_mask  # [G, K]
+    if batch.behavior_token_logp is None:
+        rows = torch.zeros((0, 3), dtype=torch.float64, device=token_logp.device)  # [0, 3]: still gathered
+    else:
+        rows = coverage_rows(token_logp, batch.behavior_token_logp, batch.target_mask,
+                             batch.group_mask[present])  # [N, 3]
+    return coverage_diagnostics(gather_rows(rows))

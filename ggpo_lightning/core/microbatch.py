@@ -108,16 +108,18 @@ def micro_batched_forward(max_tokens: int, chunk_size: int,
 
 
 def two_pass_loss(learner: nn.Module, batch: StepBatch, plan: list[list[int]], chunk_size: int,
-                  loss_of: Callable[[StepBatch, Tensor], tuple[Tensor, Any]]) -> tuple[Tensor, Any, Tensor | None]:
+                  loss_of: Callable[[StepBatch, Tensor], tuple[Tensor, Any]]
+                  ) -> tuple[Tensor, Any, Tensor | None, Tensor]:
     """Pass 1: ``loss_of(batch, l)`` (the step's loss and what it was computed from) at the learner's token
     log-probs ``l`` taken per micro-batch without gradient, and ``c = dL/dl`` (``[B, L]``) by ``torch.autograd.grad``
-    on the detached log-probs; ``c`` is None when the loss is not finite (the step is skipped: no backward at all)."""
+    on the detached log-probs; ``c`` is None when the loss is not finite (the step is skipped: no backward at all).
+    Returns the loss, what it was computed from, ``c`` and ``l`` (detached, for the step's metrics)."""
     leaf = micro_batched_token_logprobs(learner, batch, plan, chunk_size).requires_grad_()  # [B, L]
     loss, inputs = loss_of(batch, leaf)
     if not torch.isfinite(loss):
-        return loss.detach(), inputs, None
+        return loss.detach(), inputs, None, leaf.detach()
     (coefficients,) = torch.autograd.grad(loss, leaf)  # [B, L]
-    return loss.detach(), inputs, coefficients
+    return loss.detach(), inputs, coefficients, leaf.detach()
 
 
 def backward_micro_batches(learner: nn.Module, batch: StepBatch, plan: list[list[int]], coefficients: Tensor,

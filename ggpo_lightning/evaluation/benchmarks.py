@@ -12,12 +12,10 @@ from pathlib import Path
 
 from ggpo_lightning.evaluation.accuracy import load_benchmark
 from ggpo_lightning.records.errors import SettingsError
-from ggpo_lightning.records.prompts import PromptRow
+from ggpo_lightning.records.prompts import PAPER_TEMPLATE, PromptRow
 
 __all__ = ["BENCHMARKS", "PAPER_TEMPLATE", "Benchmark", "load_named_benchmark"]
 
-PAPER_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\n"
-"""The prompt template of the paper's math setup (a Python format string; ``{{}}`` is a literal ``{}``)."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ Besides the registered objectives the lab knows ``naive_pg``, the standard
 the raw reward on mu's samples with a group-mean baseline and no importance weights,
 plus the exact ``KL(pi || pi_ref)`` as a loss term.
 
+The finite-group result (``docs/METHOD.md#the-finite-group-result``) is checked exactly, over every K-tuple of a
+small problem (:func:`finite_group_check`, ``ggpo tabular --check finite-group``).
+
 Run it as ``ggpo tabular`` (see ``ggpo tabular --help``).
 """
 
@@ -202,6 +205,118 @@ def anchored_optimum(mu_logp: Tensor, target_logp: Tensor, beta: float, anchor: 
         above = q_of(mid).sum(-1) > 1
         lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
     return torch.log_softmax(q_of((lo + hi) / 2).log(), -1)
+
+
+# ----------------------------------------------------------------------------- the finite-group result
+
+
+def group_expectations(logp: Tensor, ref_logp: Tensor, rewards: Tensor, beta: float, mu_logp: Tensor,
+                       k: int) -> tuple[Tensor, Tensor]:
+    """``E_{mu^K}[L_K]`` and ``E_{mu^K}[max_i a(y_i)]`` for one prompt (``[A]`` tensors), exactly: a sum over every
+    K-tuple of the actions ``mu`` reaches (``mu_logp > -inf``), each weighted by ``prod_i mu(y_i)``. ``A^K`` tuples:
+    for small problems (``docs/METHOD.md#the-finite-group-result``)."""
+    adjusted = rewards - beta * (logp - ref_logp)  # [A]
+    support = torch.nonzero(mu_logp > -math.inf).flatten()  # [S]
+    tuples = torch.cartesian_prod(*[support] * k).reshape(-1, k)  # [S^K, K]
+    weight = mu_logp[tuples].sum(-1).exp()  # [S^K]
+    a = adjusted[tuples]  # [S^K, K]
+    group_loss = beta * (torch.logsumexp(a / beta, -1) - math.log(k)) - a.mean(-1)  # [S^K]
+    return (weight * group_loss).sum(), (weight * a.max(-1).values).sum()
+
+
+@dataclass(frozen=True)
+class FiniteGroupCheck:
+    """The finite-group result on one problem and ``K`` (``docs/METHOD.md#the-finite-group-result``), every value
+    exact. ``a = r - beta (log pi - log pi_ref)``; expectations of tuples are over ``y_1..y_K ~ mu`` independently."""
+
+    k: int
+    coverage: float
+    """``C = max_y pi(y)/mu(y)`` (inf when ``mu`` misses an action)."""
+    coverage_on_support: float
+    """The same max over the actions ``mu`` reaches only: what a check blind to the missed actions would use."""
+    gap: float
+    """``J* - J(pi)``."""
+    group_loss: float
+    """``E[L_K]``."""
+    best_of_k: float
+    """``E[max_i a(y_i)]``: the behavior's best-of-K in adjusted reward."""
+    behavior_mean: float
+    """``E_mu[a]``: one behavior response."""
+    learner_value: float
+    """``J(pi) = E_pi[a]``: one learner response."""
+    shortfall: float
+    """``Delta_K = max_{y: mu(y) > 0} a(y) - E[max_i a(y_i)]``: how far the best-of-K falls short of the best."""
+    beta: float
+
+    @property
+    def slack(self) -> float:
+        """``E[L_K] + beta log K + Delta_K``: an upper bound on the population loss ``L``."""
+        return self.group_loss + self.beta * math.log(self.k) + self.shortfall
+
+    @property
+    def bound(self) -> float:
+        """``C * (E[L_K] + beta log K + Delta_K)``: the theorem's bound on ``J* - J(pi)``."""
+        return self.coverage * self.slack if self.slack > 0 else 0.0
+
+    def holds(self, tol: float = 1e-9) -> bool:
+        """The theorem: ``J* - J(pi) <= C (E[L_K] + beta log K + Delta_K)``."""
+        return self.gap <= self.bound + tol * (1 + abs(self.bound))
+
+    def holds_on_support(self, tol: float = 1e-9) -> bool:
+        """The same with ``C`` taken over ``mu``'s support only: fails where coverage does."""
+        return self.gap <= self.coverage_on_support * max(self.slack, 0.0) + tol * (1 + abs(self.gap))
+
+    def sandwich_holds(self, tol: float = 1e-9) -> bool:
+        """``E[max a] - E_mu[a] - beta log K <= E[L_K] <= E[max a] - E_mu[a]`` (no coverage needed)."""
+        spread = self.best_of_k - self.behavior_mean
+        return spread - self.beta * math.log(self.k) - tol <= self.group_loss <= spread + tol
+
+    def learner_form_holds(self, tol: float = 1e-9) -> bool:
+        """The conjecture ``E[max_i a(y_i)] - J(pi) <= C (E[L_K] + beta log K)`` (best-of-K of the behavior against
+        one learner response): not a theorem, false in general (``K = 1``, ``mu = pi* != pi``); checked to show
+        where."""
+        slack = self.group_loss + self.beta * math.log(self.k)
+        return self.best_of_k - self.learner_value <= (self.coverage * slack if slack > 0 else 0.0) + tol
+
+
+def finite_group_check(problem: FiniteProblem, logp: Tensor, k: int) -> FiniteGroupCheck:
+    """:class:`FiniteGroupCheck` of the policy ``logp`` (``[A]``) on a one-prompt ``problem`` for groups of ``k``."""
+    if problem.num_prompts != 1:
+        raise ValueError("the finite-group check takes a one-prompt problem")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    r, ref, mu, beta = problem.rewards, problem.ref_logp, problem.mu_logp, problem.beta
+    group_loss, best_of_k = group_expectations(logp, ref, r, beta, mu, k)
+    adjusted = r - beta * (logp - ref)  # [A]
+    reached = mu > -math.inf  # [A]
+    return FiniteGroupCheck(
+        k=k, beta=beta,
+        coverage=coverage(logp, mu).item(),
+        coverage_on_support=(logp - mu)[reached].max().exp().item(),
+        gap=(optimal_value(ref, r, beta) - value(logp, ref, r, beta)).item(),
+        group_loss=group_loss.item(),
+        best_of_k=best_of_k.item(),
+        behavior_mean=(mu.exp() * adjusted)[reached].sum().item(),
+        learner_value=value(logp, ref, r, beta).item(),
+        shortfall=(adjusted[reached].max() - best_of_k).item(),
+    )
+
+
+def finite_group_checks(num_actions: int, beta: float, ks: list[int], problems: int,
+                        generator: torch.Generator) -> list[tuple[str, FiniteGroupCheck]]:
+    """``problems`` random problems (:func:`random_problem`, a random policy ``pi``) checked for every ``k`` of
+    ``ks``, each in three cases: ``covered`` (``mu`` as drawn, every action reached), ``on-policy`` (``mu = pi``),
+    ``uncovered`` (``mu`` with half of the actions, the learner's most likely first, removed: ``C = inf``)."""
+    rows = []
+    for _ in range(problems):
+        p = random_problem(num_actions, beta, generator)
+        logp = torch.log_softmax(2 * torch.randn(num_actions, generator=generator, dtype=torch.float64), -1)
+        missed = logp.argsort(descending=True)[: num_actions // 2]
+        cut = p.mu_logp.index_fill(0, missed, -math.inf)
+        cases = {"covered": p, "on-policy": replace(p, mu_logp=logp),
+                 "uncovered": replace(p, mu_logp=torch.log_softmax(cut, -1))}
+        rows += [(case, finite_group_check(q, logp, k)) for k in ks for case, q in cases.items()]
+    return rows
 
 
 # ----------------------------------------------------------------------------- training

@@ -17,7 +17,12 @@ from typing import Any
 from ggpo_lightning.records.errors import DataError, MissingFileError
 from ggpo_lightning.records.formats import to_schema
 
-__all__ = ["PromptRow", "load_dataset_rows", "load_prompt_rows", "read_records", "read_source", "validate_golds"]
+PAPER_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\n"
+"""The prompt template of the paper's math setup (a Python format string; ``{{}}`` is a literal ``{}``): the
+recipes' ``data.prompt_template``, the benchmarks' and the reasoning task's."""
+
+__all__ = ["PAPER_TEMPLATE", "PromptRow", "load_dataset_rows", "load_prompt_rows", "read_records", "read_source",
+           "validate_golds"]
 
 
 @dataclass(frozen=True)

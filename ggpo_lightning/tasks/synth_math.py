@@ -14,6 +14,20 @@ level):
 * ``polynomial``: evaluate a quadratic or cubic at an integer (level 3: a fraction).
 * ``gcd``: greatest common divisor of two numbers (level 3: of three).
 
+With ``SynthMathConfig(solutions=True)`` (``ggpo data synth --solutions``) a row also carries ``solution``, a worked
+solution: a few short steps of text and LaTeX, one a line, ending in ``The final answer is $\boxed{answer}$.``
+(the box the ``math`` verifier reads)::
+
+    Over $6$: $\frac{3}{6} + \frac{2}{6} = \frac{5}{6}$.
+    The final answer is $\boxed{\frac{5}{6}}$.
+
+The steps follow the computation (products first, then sums left to right through the common denominator;
+moving terms and dividing; powers, terms and their sum; Euclid's division and remainders) and are computed from the
+drawn numbers without drawing more, so the problems are the same with or without them. Under the reasoning
+tokenizer (:func:`~ggpo_lightning.tasks.tiny_model.build_reasoning_tokenizer`; prompts through the paper's template,
+:data:`~ggpo_lightning.records.prompts.PAPER_TEMPLATE`) a solution plus ``<eos>`` is 40 to 150 tokens in every cell
+but ``fractions`` and ``polynomial`` level 3 (about 110 to 210: the long end of a length sweep).
+
 Problems are built from Python ints and sympy objects, never by parsing strings, so
 generation cannot execute text. It is deterministic: every (family, level) cell draws
 from its own ``random.Random`` seeded by the config seed, family and level. This module
@@ -38,7 +52,7 @@ import sympy
 
 from ggpo_lightning.tasks.arithmetic import write_recorded_splits
 
-__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "generate_synth_splits", "write_synth_splits"]
+__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "generate_synth_splits", "worked_solution", "write_synth_splits"]
 
 LEVELS = (1, 2, 3)
 # Bump when the rows generated for given parameters change: splits recorded with another
@@ -75,30 +89,74 @@ def _join(texts: list[str], ops: list[str]) -> str:
     return texts[0] + "".join(symbols[op] + text for op, text in zip(ops, texts[1:]))
 
 
-def _arithmetic(rng: random.Random, level: int) -> tuple[str, Value]:
+def _frac(numerator: int, denominator: int) -> str:
+    """``\\frac{n}{d}`` as written, unreduced (a step's intermediate form)."""
+    return f"\\frac{{{numerator}}}{{{denominator}}}"
+
+
+def _pair_step(x: Value, op: str, y: Value, fractions: bool) -> str:
+    """One worked step ``x op y = ...``: integers in one equation; fractions through the common denominator
+    (``+``, ``-``) or the product of numerators and denominators (``*``), then the reduced result."""
+    x, y = sympy.Rational(x), sympy.Rational(y)
+    result = _evaluate([x, y], [op])
+    shown = _join([_latex(x), _latex(y)], [op])
+    if not fractions:
+        return f"${shown} = {_latex(result)}$."
+    if op == "*":
+        middle = _frac(x.p * y.p, x.q * y.q)
+        return f"Multiply: ${shown} = {middle} = {_latex(result)}$."
+    common = sympy.ilcm(x.q, y.q)
+    over = _join([_frac(x.p * common // x.q, common), _frac(y.p * common // y.q, common)], [op])
+    return f"Over ${common}$: ${over} = {_latex(result)}$."
+
+
+def _evaluation_steps(operands: list[Value], ops: list[str], fractions: bool) -> list[str]:
+    """The steps of :func:`_evaluate`: every product first, then the sums and differences left to right."""
+    steps, values, pending = [], [operands[0]], []
+    for op, operand in zip(ops, operands[1:]):
+        if op == "*":
+            steps.append(_pair_step(values[-1], "*", operand, fractions))
+            values[-1] = values[-1] * operand
+        else:
+            pending.append(op)
+            values.append(operand)
+    total = values[0]
+    for op, operand in zip(pending, values[1:]):
+        steps.append(_pair_step(total, op, operand, fractions))
+        total = _evaluate([total, operand], [op])
+    return steps
+
+
+def _arithmetic(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     n_operands, low, high = {1: (2, 10, 99), 2: (3, 10, 999), 3: (4, 100, 9999)}[level]
     operands = [rng.randint(low, high) for _ in range(n_operands)]
     chosen = [rng.choice("+-") for _ in range(n_operands - 1)]
     if level > 1:  # one product: more would make the numbers, not the skill, grow
         chosen[rng.randrange(len(chosen))] = "*"
-    return f"Compute ${_join([str(a) for a in operands], chosen)}$.", _evaluate(operands, chosen)
+    steps = ["The product comes first." if "*" in chosen else "We add and subtract from left to right."]
+    return (f"Compute ${_join([str(a) for a in operands], chosen)}$.", _evaluate(operands, chosen),
+            steps + _evaluation_steps(operands, chosen, fractions=False))
 
 
-def _fractions(rng: random.Random, level: int) -> tuple[str, Value]:
+def _fractions(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     n_terms, max_den, ops = {1: (2, 9, "+"), 2: (2, 15, "+-*"), 3: (3, 20, "+-*")}[level]
     pairs = [(rng.randint(1, max_den), rng.randint(2, max_den)) for _ in range(n_terms)]
     chosen = [rng.choice(ops) for _ in range(n_terms - 1)]
     # The operands are shown as drawn (possibly unreduced, like 4/6); the answer is reduced.
-    text = _join([f"\\frac{{{a}}}{{{b}}}" for a, b in pairs], chosen)
-    value = _evaluate([sympy.Rational(a, b) for a, b in pairs], chosen)
-    return f"Compute ${text}$ and give the answer as a reduced fraction or an integer.", value
+    text = _join([_frac(a, b) for a, b in pairs], chosen)
+    operands = [sympy.Rational(a, b) for a, b in pairs]
+    value = _evaluate(operands, chosen)
+    reduced = [f"${_frac(a, b)} = {_latex(x)}$" for (a, b), x in zip(pairs, operands) if (a, b) != (x.p, x.q)]
+    steps = ["Reduce first: " + ", ".join(reduced) + "."] if reduced else []
+    return (f"Compute ${text}$ and give the answer as a reduced fraction or an integer.", value,
+            steps + _evaluation_steps(operands, chosen, fractions=True))
 
 
 def _nonzero(rng: random.Random, low: int, high: int) -> int:
     return rng.choice([v for v in range(low, high + 1) if v != 0])
 
 
-def _linear(rng: random.Random, level: int) -> tuple[str, Value]:
+def _linear(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     if level == 1:  # integer solution by construction
         a, solution, b = rng.randint(2, 9), rng.randint(-10, 10), rng.randint(-20, 20)
         equation = sympy.Eq(a * _X + b, a * solution + b)
@@ -111,11 +169,18 @@ def _linear(rng: random.Random, level: int) -> tuple[str, Value]:
             c = _nonzero(rng, -12, 12)
         b, d = rng.randint(-30, 30), rng.randint(-30, 30)
         equation, solution = sympy.Eq(a * _X + b, c * _X + d), sympy.Rational(d - b, a - c)
+    slope, constant = sympy.Poly(equation.lhs - equation.rhs, _X).all_coeffs()  # slope x + constant = 0
+    sign = 1 if slope > 0 else -1  # a positive slope to divide by
+    slope, rest = sign * slope, -sign * constant
+    quotient = _frac(rest, slope)
+    steps = [f"Move the terms with $x$ to the left and the numbers to the right: ${_latex(slope)} x = {_latex(rest)}$.",
+             f"Divide by ${_latex(slope)}$: $x = {quotient}"
+             + ("" if quotient == _latex(solution) else f" = {_latex(solution)}") + "$."]
     return (f"Solve ${sympy.latex(equation, order='lex')}$ for $x$. "
-            "Give $x$ as a reduced fraction or an integer."), solution
+            "Give $x$ as a reduced fraction or an integer."), solution, steps
 
 
-def _polynomial(rng: random.Random, level: int) -> tuple[str, Value]:
+def _polynomial(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     degree = 2 if level == 1 else 3
     coefficients = [rng.randint(-9, 9) for _ in range(degree)] + [_nonzero(rng, -9, 9)]
     polynomial = sum(c * _X**k for k, c in enumerate(coefficients))
@@ -127,27 +192,50 @@ def _polynomial(rng: random.Random, level: int) -> tuple[str, Value]:
         point = sympy.Integer(rng.randint(-5, 5) if level == 1 else rng.randint(-6, 6))
     text = (f"Let $p(x) = {sympy.latex(polynomial, order='lex')}$. "
             f"Compute $p\\left({sympy.latex(point)}\\right)$.")
-    return text, polynomial.subs(_X, point)
+    terms = [(c, k) for k, c in enumerate(coefficients) if c]  # [(coefficient, power)], constant first
+    values = [c * point**k for c, k in terms]
+    steps = ["The powers: " + ", ".join(f"$({_latex(point)})^{{{k}}} = {_latex(point**k)}$"
+                                        for k in range(2, degree + 1)) + ".",
+             "The terms: $" + _join([_latex(values[0])] + [_latex(abs(v)) for v in values[1:]],
+                                    ["+" if v >= 0 else "-" for v in values[1:]]) + "$.",
+             f"Their sum is ${_latex(sum(values))}$."]
+    return text, polynomial.subs(_X, point), steps
 
 
-def _gcd(rng: random.Random, level: int) -> tuple[str, Value]:
+def _euclid(a: int, b: int) -> str:
+    """Euclid's algorithm on ``a > b``: the first division ``a = q b + r``, then the remainders down to 0."""
+    remainders, (x, y) = [], (b, a % b)
+    while y:
+        x, y = y, x % y
+        remainders.append(y)
+    first = f"${a} = {a // b} \\times {b} + {a % b}$"
+    return first + (f", then the remainders ${', '.join(map(str, remainders))}$" if remainders else "")
+
+
+def _gcd(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     n_numbers, max_factor, max_multiplier = {1: (2, 20, 20), 2: (2, 50, 40), 3: (3, 100, 60)}[level]
     # A drawn common factor, so that the answer is rarely just 1; distinct multipliers,
     # so that no number repeats; sorted, as gcd(a, b) and gcd(b, a) are one problem.
     factor = rng.randint(2, max_factor)
     numbers = sorted((factor * m for m in rng.sample(range(2, max_multiplier + 1), n_numbers)), reverse=True)
     listed = ", ".join(str(n) for n in numbers[:-1]) + f" and {numbers[-1]}"
-    return f"What is the greatest common divisor of {listed}?", gcd(*numbers)
+    first = gcd(numbers[0], numbers[1])
+    steps = [f"Euclid: {_euclid(numbers[0], numbers[1])}, so their divisor is ${first}$."]
+    if n_numbers == 3:
+        steps.append(f"With ${numbers[2]}$: {_euclid(max(first, numbers[2]), min(first, numbers[2]))}, "
+                     f"so ${gcd(*numbers)}$.")
+    return f"What is the greatest common divisor of {listed}?", gcd(*numbers), steps
 
 
-FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, Value]]] = {
+FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, Value, list[str]]]] = {
     "arithmetic": _arithmetic,
     "fractions": _fractions,
     "linear": _linear,
     "polynomial": _polynomial,
     "gcd": _gcd,
 }
-"""Problem families by name: each maps ``(rng, level)`` to ``(problem text, exact answer)``."""
+"""Problem families by name: each maps ``(rng, level)`` to ``(problem text, exact answer, worked steps)``; the steps
+are computed from the drawn numbers and draw nothing (the problems do not depend on whether solutions are asked)."""
 
 
 def _check_names(field: str, values: Any, valid: tuple, kind: type) -> tuple:
@@ -182,6 +270,9 @@ class SynthMathConfig:
     """Total test problems, >= 1."""
     seed: int = 0
     """Seed of all generators; different seeds give different problems."""
+    solutions: bool = False
+    """Rows carry ``solution``: a worked solution (a few steps of text and LaTeX ending in ``\\boxed{answer}``),
+    the reasoning-shaped target of a warm-up; the problems are the same either way."""
 
     def __post_init__(self) -> None:
         # object.__setattr__ because the dataclass is frozen.
@@ -203,15 +294,20 @@ def _share(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def _stream(family: str, level: int, seed: int) -> Iterator[tuple[str, str]]:
-    """Endless ``(problem, answer)`` draws of one cell (prompts may repeat)."""
+def worked_solution(steps: list[str], answer: str) -> str:
+    """The steps, one a line, then the answer in the box the ``math`` verifier reads (the last one)."""
+    return "\n".join(steps + [f"The final answer is $\\boxed{{{answer}}}$."])
+
+
+def _stream(family: str, level: int, seed: int) -> Iterator[tuple[str, str, str]]:
+    """Endless ``(problem, answer, worked solution)`` draws of one cell (prompts may repeat)."""
     # A string seed is hashed with SHA-512, so the stream is the same in every process
     # (unlike hash()) and the cells of one seed do not share a stream.
     rng = random.Random(f"ggpo-synth-math/{family}/L{level}/{seed}")
     generate = FAMILIES[family]
     while True:
-        problem, value = generate(rng, level)
-        yield problem, _latex(value)
+        problem, value, steps = generate(rng, level)
+        yield problem, _latex(value), worked_solution(steps, _latex(value))
 
 
 def generate_synth_splits(config: SynthMathConfig) -> tuple[list[Row], list[Row]]:
@@ -233,7 +329,7 @@ def generate_synth_splits(config: SynthMathConfig) -> tuple[list[Row], list[Row]
     def take(family: str, level: int, n: int) -> list[Row]:
         rows: list[Row] = []
         repeats = 0
-        for problem, answer in streams[family, level]:
+        for problem, answer, solution in streams[family, level]:
             if len(rows) == n:
                 break
             if problem in seen:
@@ -247,7 +343,8 @@ def generate_synth_splits(config: SynthMathConfig) -> tuple[list[Row], list[Row]
             repeats = 0
             seen.add(problem)
             rows.append({"id": f"synth-{family}-L{level}-{config.seed}-{taken[family, level] + len(rows)}",
-                         "problem": problem, "answer": answer, "family": family, "level": level})
+                         "problem": problem, "answer": answer, "family": family, "level": level,
+                         **({"solution": solution} if config.solutions else {})})
         taken[family, level] += len(rows)
         return rows
 
@@ -272,5 +369,7 @@ def write_synth_splits(config: SynthMathConfig, directory: str | Path) -> tuple[
     # Through JSON so that the tuples compare equal to the lists read back from the record.
     params = json.loads(json.dumps({"task": "synth_math", "generator_version": _GENERATOR_VERSION,
                                     "families": config.families, "levels": config.levels,
-                                    "n_train": config.n_train, "n_test": config.n_test, "seed": config.seed}))
+                                    "n_train": config.n_train, "n_test": config.n_test, "seed": config.seed,
+                                    # only when asked: splits recorded before solutions existed stay valid
+                                    **({"solutions": True} if config.solutions else {})}))
     return write_recorded_splits(directory, params, lambda: generate_synth_splits(config), "write_synth_splits")

@@ -42,11 +42,21 @@ from transformers import (
 
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 
-__all__ = ["TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer", "ensure_tiny_model", "greedy_accuracy"]
+__all__ = ["TinyModelConfig", "build_reasoning_tokenizer", "build_tiny_model", "build_tiny_tokenizer",
+           "ensure_tiny_model", "greedy_accuracy"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 SYMBOLS = tuple("0123456789+-*/=() .,?:") + ("\n",)
 WORDS = ("answer", "is", "what", "the", "sum", "of", "and", "plus", "minus", "times", "equals", "Q", "A")
+# The reasoning task's (tasks/synth_math.py with worked solutions, through the paper's template): LaTeX's symbols and
+# every word of its prompts and solutions, so nothing of it is <unk>
+REASONING_SYMBOLS = SYMBOLS + tuple("$\\^{}")
+REASONING_WORDS = (
+    "Compute", "Divide", "Euclid", "Give", "Let", "Move", "Multiply", "Over", "Please", "Reduce", "Solve", "The",
+    "Their", "We", "What", "With", "a", "add", "an", "and", "answer", "as", "boxed", "by", "comes", "common",
+    "divisor", "final", "first", "for", "frac", "fraction", "from", "give", "greatest", "integer", "is", "left",
+    "numbers", "of", "or", "p", "powers", "product", "put", "reason", "reduced", "remainders", "right", "so", "step",
+    "subtract", "sum", "terms", "the", "their", "then", "times", "to", "with", "within", "x", "your")
 TINY_MODEL_RECORD = "tiny_model.json"
 # Bump when the same config builds different weights (2: cosine learning-rate schedule), so
 # that ensure_tiny_model rejects folders built by older code instead of silently reusing them.
@@ -56,14 +66,15 @@ _EVAL_PROBLEMS = 128
 # ----------------------------------------------------------------------------- tokenizer
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(symbols: tuple[str, ...] = SYMBOLS, words: tuple[str, ...] = WORDS) -> PreTrainedTokenizerFast:
     """A word-level tokenizer for arithmetic text: digits, symbols, whitespace, a few words.
 
     Every digit, symbol and whitespace character is one token and a run of letters is one
     word (unknown ones map to ``<unk>``), so ``decode(encode(x)) == x`` for text in the
     vocabulary. ``<bos>`` is prepended; padding is on the left, for batched generation.
+    The default vocabulary is the quickstart's; :func:`build_reasoning_tokenizer` the reasoning task's.
     """
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + SYMBOLS + WORDS)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols + words)}
     tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[A-Za-z]+|\d|\s|[^\sA-Za-z\d]"), behavior="isolated")
     tok.decoder = decoders.Fuse()  # the pieces are the text: join them without separators
@@ -78,6 +89,12 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         padding_side="left",
     )
+
+
+def build_reasoning_tokenizer() -> PreTrainedTokenizerFast:
+    """:func:`build_tiny_tokenizer` for the reasoning task's worked solutions (``tasks/synth_math.py``): LaTeX's
+    ``$ \\ ^ { }`` and the words of its prompts (paper's template included) and solutions; built locally."""
+    return build_tiny_tokenizer(REASONING_SYMBOLS, REASONING_WORDS)
 
 
 # ----------------------------------------------------------------------------- config

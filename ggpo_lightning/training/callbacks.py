@@ -172,6 +172,7 @@ class RunSummary(L.Callback):
             "status": status,
             "recipe": self.recipe,
             "objective": pl_module.objective.name,
+            "behavior_anchor": pl_module.anchor_weight,  # the resolved lambda: tells ggpo-paper (0) from shipped ggpo
             "accuracy_before": self.accuracy_before,
             "optimizer_steps": trainer.global_step,
             "generated_samples": generated,

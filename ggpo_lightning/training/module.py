@@ -35,7 +35,7 @@ from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_to
 from ggpo_lightning.core.distributed import reduce_step_metrics, world
 from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.logprobs import supports_packed
-from ggpo_lightning.core.metrics import step_metrics
+from ggpo_lightning.core.metrics import coverage_metrics, step_metrics
 from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_forward, plan_step,
                                             two_pass_loss)
 from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective
@@ -246,11 +246,12 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         batch = self.pack(step.groups)
         plan = plan_step(batch, self.micro_batch.max_tokens) if self.micro_batch.max_tokens else None
         if plan is None:  # one pass: the step's activations all at once
-            loss, inputs = self.step_loss(batch)
+            token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
+            loss, inputs = self.step_loss(batch, token_logp)
         else:  # the loss and its coefficients first, then one micro-batch's activations at a time
-            loss, inputs, coefficients = two_pass_loss(self.learner, batch, plan, self.logprob_chunk_size,
-                                                       self.step_loss)
-        metrics = self.step_metrics(batch, inputs, loss, step.rollout)
+            loss, inputs, coefficients, token_logp = two_pass_loss(self.learner, batch, plan,
+                                                                   self.logprob_chunk_size, self.step_loss)
+        metrics = self.step_metrics(batch, inputs, loss, step.rollout, token_logp)
         if not torch.isfinite(metrics["loss"]):  # the mean over ranks: every rank skips the same steps
             return self._skip_nan_step()
         self.nan_guard.passed()
@@ -292,14 +293,17 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         return loss, inputs
 
     def step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor,
-                     rollout: RolloutBatch) -> dict[str, Tensor]:
-        """The step's metrics and its rollout's, reduced over ranks; the verifier's health checked on the reduced
-        counts (the same on every rank: every rank aborts at the same step, or none does)."""
+                     rollout: RolloutBatch, token_logp: Tensor) -> dict[str, Tensor]:
+        """The step's metrics and its rollout's, reduced over ranks, and the coverage of the learner by the behavior
+        (:func:`~ggpo_lightning.core.metrics.coverage_metrics`: from every rank's responses, not averaged;
+        ``token_logp`` ``[B, L]`` the learner's); the verifier's health checked on the reduced counts (the same on
+        every rank: every rank aborts at the same step, or none does)."""
         metrics = step_metrics(inputs, loss, batch, self.global_step, self.objective_config.beta)
         metrics.update({k: torch.tensor(v) for k, v in rollout.metrics().items()})
         metrics["generated_samples"] = torch.tensor(float(self.generated_samples))  # cumulative: x-axis of efficiency
         metrics["lr"] = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])  # what this update uses
         metrics = reduce_step_metrics(metrics, self.device)
+        metrics.update(coverage_metrics(token_logp, batch))
         verifier = {k.removeprefix("verifier/"): float(v) for k, v in metrics.items() if k.startswith("verifier/")}
         self.verifier_health.check_step(verifier, self.global_step, rollout.counts.verify_seconds)
         return metrics

@@ -23,7 +23,7 @@ LOGGER_OVERLAYS = [p for p in ALL_YAML if "loggers" in p.parts]  # the logger on
 def test_the_recipe_folder_holds_what_the_readme_promises():
     names = {p.relative_to(RECIPES).as_posix() for p in ALL_YAML}
     assert {"quickstart.yaml", "qwen3-1.7b-math.yaml", "offline.yaml", "baselines/grpo.yaml",
-            "baselines/agro.yaml"} <= names
+            "baselines/agro.yaml", "baselines/ggpo-paper.yaml"} <= names
     assert len(BASES) >= 3 and len(OVERLAYS) >= 2
     readme = (RECIPES / "README.md").read_text()
     assert all(p.relative_to(RECIPES).as_posix() in readme for p in ALL_YAML), "README table misses a recipe"
@@ -76,9 +76,25 @@ def test_multi_device_recipes_change_only_devices_and_batch(scaled, single, diff
 @pytest.mark.parametrize("base", BASES, ids=lambda p: p.name)
 def test_baseline_overlays_change_only_the_objective_side(base, overlay, capsys):
     config = print_config(capsys, base, overlay)
-    assert config["model"]["objective"]["name"] == overlay.stem
+    raw = yaml.safe_load(overlay.read_text())["model"]["objective"]
+    assert config["model"]["objective"] == {**config["model"]["objective"], **raw}
+    assert raw["name"] == overlay.stem.removesuffix("-paper")  # ggpo-paper: the paper's ggpo
     plain = print_config(capsys, base)
     assert config["data"] == plain["data"] and config["trainer"] == plain["trainer"]
+
+
+def test_the_paper_preset_turns_the_anchor_off_where_the_shipped_ggpo_has_it(capsys):
+    """``ggpo`` (shipped) and ``ggpo-paper`` differ only in the behavior anchor: lambda = beta vs 0 when stale."""
+    from ggpo_lightning.core.objectives import ObjectiveConfig
+
+    stale = ("--model.rollout.sync_every", "16")
+    shipped = print_config(capsys, RECIPES / "quickstart.yaml", extra=stale)["model"]["objective"]
+    paper = print_config(capsys, RECIPES / "quickstart.yaml", RECIPES / "baselines/ggpo-paper.yaml",
+                         extra=stale)["model"]["objective"]
+    assert {k: v for k, v in paper.items() if k != "behavior_anchor"} == \
+        {k: v for k, v in shipped.items() if k != "behavior_anchor"}
+    assert ObjectiveConfig(**shipped).anchor_weight(16) == shipped["beta"] > 0
+    assert ObjectiveConfig(**paper).anchor_weight(16) == 0.0
 
 
 @pytest.mark.parametrize("overlay", ROLLOUT_OVERLAYS, ids=lambda p: p.name)

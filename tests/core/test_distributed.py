@@ -226,6 +226,22 @@ def test_step_metrics_reduce_nan_aware_except_the_loss(monkeypatch):
     assert math.isnan(out["loss"].item())
 
 
+def _reduced_on_rank(rank: int) -> dict[str, float]:
+    from ggpo_lightning.core import distributed
+
+    mine = {"loss": [1.0, 3.0][rank], "staleness_max": [4.0, 1.0][rank], "response_length_max": [7.0, 9.0][rank],
+            "generated_samples": 8.0}
+    out = distributed.reduce_step_metrics({n: torch.tensor(v) for n, v in mine.items()}, torch.device("cpu"))
+    return {n: v.item() for n, v in out.items()}
+
+
+def test_maxima_are_the_largest_over_two_gloo_processes_the_rest_means_or_sums():
+    from gloo_ranks import on_two_ranks
+
+    for out in on_two_ranks(_reduced_on_rank):
+        assert out == {"loss": 2.0, "staleness_max": 4.0, "response_length_max": 9.0, "generated_samples": 16.0}
+
+
 class FunctionRollout:
     """A plain function as the rollout of a source (no engine, nothing counted)."""
 

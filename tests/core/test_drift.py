@@ -146,3 +146,73 @@ def test_bad_inputs_name_the_argument():
     rewards[1, 0] = float("inf")
     with pytest.raises(ValueError, match=r"rewards\[1, 0\] = inf"):
         drift_diagnostics(logp, mu, ref, rewards, mask)
+
+
+# ----------------------------------------------------------------------------- coverage (docs/METHOD.md#diagnostics)
+
+
+def coverage_groups():
+    """Three groups: K=3; K=2 with the second response truncated (masked out of the objective); K=1."""
+    from ggpo_lightning.testing import make_group
+
+    a = make_group([5], [[7], [8, 9], [7, 9]], [1.0, 0.0, 1.0], prompt_id="a",
+                   behavior_logprobs=[[-0.5], [-1.0, -2.0], [-0.5, -0.25]])
+    b = make_group([6], [[9, 8, 7], [8]], [0.0, 1.0], prompt_id="b", truncated=[False, True],
+                   behavior_logprobs=[[-1.0, -1.0, -1.0], [-9.0]])
+    c = make_group([6], [[8, 9]], [1.0], prompt_id="c", behavior_logprobs=[[-4.0, -1.0]])
+    return [a, b, c]
+
+
+def test_coverage_metrics_against_hand_values():
+    from ggpo_lightning.core.batch import pack_step
+    from ggpo_lightning.core.metrics import coverage_metrics
+
+    batch = pack_step(coverage_groups(), 0, torch.device("cpu"), mask_truncated=True)
+    token_logp = batch.target_mask.float() * -1.0  # the learner: -1 per token
+    got = {k: v.item() for k, v in coverage_metrics(token_logp, batch).items()}
+    # log r per valid response: a: -1-(-0.5), -2-(-3), -2-(-0.75); b: -3-(-3) (the truncated one left out); c: -2-(-5)
+    log_r = [-0.5, 1.0, -1.25, 0.0, 3.0]
+    w = [math.exp(x) for x in log_r]
+    ess = sum(w) ** 2 / sum(x * x for x in w)
+    assert got["coverage_log_ratio_max"] == pytest.approx(3.0)
+    # sorted -1.25, -0.5, 0, 1, 3: the 95th percentile sits at 0.95 * 4 = 3.8 -> 1 + 0.8 * (3 - 1)
+    assert got["coverage_log_ratio_p95"] == pytest.approx(2.6)
+    assert got["coverage_ess"] == pytest.approx(ess) and got["coverage_ess_share"] == pytest.approx(ess / 5)
+    assert got["token_log_ratio_mean"] == pytest.approx(2.25 / 10)  # 1 + 2 + 2 + 3 + 2 tokens
+    assert got["token_log_ratio_max"] == pytest.approx(3.0)  # c's first token: -1 - (-4); b's -9 token masked
+    assert set(got) == {"coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess", "coverage_ess_share",
+                        "token_log_ratio_mean", "token_log_ratio_max"}
+
+
+def test_coverage_is_stable_at_hundreds_of_nats_and_one_on_policy():
+    from ggpo_lightning.core.drift import coverage_diagnostics
+
+    far = coverage_diagnostics(torch.tensor([[800.0, 400, 2], [800.0, 400, 2], [0.0, 400, 0]], dtype=torch.float64))
+    assert far["coverage_ess"].item() == pytest.approx(2.0) and far["coverage_ess_share"].item() == pytest.approx(2 / 3)
+    on_policy = coverage_diagnostics(torch.zeros(4, 3, dtype=torch.float64))
+    assert on_policy["coverage_ess_share"].item() == 1.0 and on_policy["coverage_log_ratio_max"].item() == 0.0
+    assert coverage_diagnostics(torch.zeros(0, 3, dtype=torch.float64)) == {}
+
+
+def _coverage_on_rank(rows: list, rank: int) -> dict[str, float]:
+    from ggpo_lightning.core.distributed import gather_rows
+    from ggpo_lightning.core.drift import coverage_diagnostics
+
+    mine = torch.tensor(rows[rank], dtype=torch.float64).reshape(-1, 3)
+    return {k: v.item() for k, v in coverage_diagnostics(gather_rows(mine)).items()}
+
+
+def test_coverage_over_two_gloo_processes_is_that_of_all_responses():
+    """Rank 0 holds 3 responses, rank 1 one: gathered, not averaged."""
+    from functools import partial
+
+    from gloo_ranks import on_two_ranks
+
+    from ggpo_lightning.core.drift import coverage_diagnostics
+
+    rows = [[[-0.5, 1, -0.5], [1.0, 2, 1.0], [-1.25, 2, -0.5]], [[3.0, 2, 3.0]]]
+    out = on_two_ranks(partial(_coverage_on_rank, rows))
+    whole = coverage_diagnostics(torch.tensor(rows[0] + rows[1], dtype=torch.float64))
+    for rank in (0, 1):
+        assert out[rank] == pytest.approx({k: v.item() for k, v in whole.items()})
+    assert out[0]["coverage_log_ratio_max"] == 3.0  # rank 1's: a mean over ranks would give 2

@@ -65,7 +65,7 @@ def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, name,
 
     plan = plan_step(batch, budget)
     assert (len(plan) == 1) == (budget == 10_000) and sum(map(len, plan)) == batch.input_ids.shape[0]
-    two_pass, _, coefficients = two_pass_loss(single.learner, batch, plan, 64, single.step_loss)
+    two_pass, _, coefficients, _ = two_pass_loss(single.learner, batch, plan, 64, single.step_loss)
     last = backward_micro_batches(single.learner, batch, plan, coefficients, 64, lambda s: s.backward())
     last.backward()
     torch.testing.assert_close(two_pass, loss.detach(), rtol=1e-6, atol=1e-7)
@@ -89,7 +89,7 @@ def test_a_non_finite_loss_gives_no_coefficients(tiny_model_dir, tiny_lm):
     _, tokenizer = tiny_lm
     module = make_module(tiny_model_dir)
     batch = module.pack(groups_of(tokenizer))
-    loss, _, coefficients = two_pass_loss(module.learner, batch, plan_step(batch, 20), 64,
+    loss, _, coefficients, _ = two_pass_loss(module.learner, batch, plan_step(batch, 20), 64,
                                           lambda b, l: (module.step_loss(b, l)[0] * float("nan"), None))
     assert torch.isnan(loss) and coefficients is None
     assert all(p.grad is None for p in module.learner.parameters())  # nothing back-propagated
@@ -113,7 +113,7 @@ def test_two_pass_gradients_equal_the_single_pass_with_lora(tiny_model_dir, tiny
     expected = [p.grad.clone() for p in module.learner.parameters() if p.requires_grad]
     module.learner.zero_grad(set_to_none=True)
     plan = plan_step(batch, 20)
-    _, _, coefficients = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
+    _, _, coefficients, _ = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
     backward_micro_batches(module.learner, batch, plan, coefficients, 64, lambda s: s.backward()).backward()
     got = [p.grad for p in module.learner.parameters() if p.requires_grad]
     assert len(got) == len(expected) > 0
@@ -134,10 +134,25 @@ def test_a_rank_with_fewer_micro_batches_pads_with_empty_ones_that_change_nothin
     monkeypatch.setattr(microbatch, "max_across_ranks", lambda value, device: value + 2)
     plan = plan_step(batch, 20)
     assert plan == own + [[], []]
-    _, _, coefficients = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
+    _, _, coefficients, _ = two_pass_loss(module.learner, batch, plan, 64, module.step_loss)
     backward_micro_batches(module.learner, batch, plan, coefficients, 64, lambda s: s.backward()).backward()
     padded = gradients(module)
-    _, _, coefficients = two_pass_loss(module.learner, batch, own, 64, module.step_loss)
+    _, _, coefficients, _ = two_pass_loss(module.learner, batch, own, 64, module.step_loss)
     backward_micro_batches(module.learner, batch, own, coefficients, 64, lambda s: s.backward()).backward()
     for got, want in zip(padded, gradients(module)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_coverage_metrics_equal_single_pass_and_micro_batched(tiny_model_dir, tiny_lm):
+    from ggpo_lightning.core.metrics import coverage_metrics
+
+    _, tokenizer = tiny_lm
+    module = make_module(tiny_model_dir, shared_prefix=False)
+    batch = module.pack(groups_of(tokenizer))
+    with torch.no_grad():
+        single = coverage_metrics(batch_token_logprobs(module.learner, batch, 64), batch)
+    *_, micro = two_pass_loss(module.learner, batch, plan_step(batch, 20), 64, module.step_loss)
+    split = coverage_metrics(micro, batch)
+    assert set(single) == set(split) and "coverage_ess" in single
+    for name in single:
+        torch.testing.assert_close(split[name], single[name], rtol=1e-5, atol=1e-6)

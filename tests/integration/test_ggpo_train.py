@@ -50,7 +50,9 @@ def test_a_run_writes_metrics_summary_and_a_loadable_model(tmp_path, tiny_model_
     for name in ("loss", "reward", "accuracy", "gibbs_gap", "ess", "mixed_reward_fraction", "staleness",
                  "kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior", "behavior_anchor",
                  "rollout_seconds", "rollout_verify_seconds", "rollout_prompt_tokens", "train_seconds",
-                 "rollout_tokens_per_s", "train_tokens_per_s"):
+                 "rollout_tokens_per_s", "train_tokens_per_s",
+                 "coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess", "coverage_ess_share",
+                 "token_log_ratio_mean", "token_log_ratio_max"):
         assert f"train/{name}" in columns, name
     assert "val/accuracy" in columns
     assert {int(r["step"]) for r in rows if r["train/loss"]} == {0, 1, 2, 3}

@@ -55,8 +55,10 @@ def workload(tmp_path_factory, tiny_model_dir, data_dir) -> Workload:
         responses = [[rng.choice(digits) for _ in range(rng.randint(1, 3))] + [tokenizer.eos_token_id]
                      for _ in range(8)]
         rewards = [float(j % 3 == i % 3) for j in range(8)]
+        # recorded behavior log-probs (made up: the loss does not read them), so the drift and coverage are logged
+        behavior = [[-0.5 - rng.random() for _ in response] for response in responses]
         groups.append(make_group(tokenizer(f"{i % 10}+{i // 10}=")["input_ids"], responses, rewards,
-                                 prompt_id=f"g{i}"))
+                                 prompt_id=f"g{i}", behavior_logprobs=behavior))
     buffer = BehaviorBuffer()
     buffer.add(groups)
     buffer.save_jsonl(root / "buffer.jsonl")
@@ -106,9 +108,9 @@ def trace(run_dir: Path) -> dict[int, list[dict]]:
     return {int(f.stem[4:]): [json.loads(line) for line in f.read_text().splitlines()] for f in files}
 
 
-def losses(run_dir: Path) -> list[float]:
+def losses(run_dir: Path, name: str = "train/loss") -> list[float]:
     rows = csv.DictReader(open(run_dir / "metrics.csv"))
-    return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    return [float(r[name]) for r in rows if r.get(name)]
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -153,6 +155,11 @@ def test_two_processes_train_as_one_on_the_same_groups(workload, single, two_pro
 
     # the same loss (mean over ranks, as logged) and the same updated weights
     torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(single)), rtol=1e-5, atol=1e-6)
+    # coverage from both ranks' responses gathered: the max, percentile and ESS of the whole step, not a mean
+    for name in ("coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess", "token_log_ratio_max"):
+        assert len(losses(run, f"train/{name}")) == STEPS
+        torch.testing.assert_close(torch.tensor(losses(run, f"train/{name}")),
+                                   torch.tensor(losses(single, f"train/{name}")), rtol=1e-4, atol=1e-5)
     for step in range(STEPS):
         mean = (two[0][step]["local_loss"] + two[1][step]["local_loss"]) / 2
         assert mean == pytest.approx(one[0][step]["local_loss"], rel=1e-5, abs=1e-6)

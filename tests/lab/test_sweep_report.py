@@ -133,3 +133,18 @@ def test_drift_table_and_curves_carry_the_spread_over_seeds(tmp_path):
     assert "| ggpo | 0.400 ± 0.200 |" in drift_table(runs)
     xs, mean, std = _mean_curve([[(0, 1.0), (1, 2.0)], [(0, 3.0), (1, 2.0)], [(1, 5.0)]])
     assert xs == [1] and mean == [3.0] and std == [pytest.approx(3 ** 0.5)]  # x = 0 is not shared by all
+
+
+def test_hand_made_runs_of_the_paper_preset_are_reported_beside_the_shipped_ggpo(tmp_path):
+    """Both presets have the objective name ``ggpo``; a run without grid labels is told apart by its recipe."""
+    for recipe, accuracy in (("quickstart+ggpo-paper", 0.4), ("quickstart", 0.8), ("quickstart+grpo", 0.7)):
+        run = tmp_path / recipe
+        run.mkdir()
+        (run / "metrics.csv").write_text("step,train/reward\n0,0.5\n")
+        (run / "summary.json").write_text(json.dumps({"recipe": recipe, "objective": recipe.partition("+")[2][:4]
+                                                      or "ggpo", "accuracy_after": accuracy}))
+    runs, errors = collect_runs([tmp_path])
+    assert not errors and {r.objective: r.final_accuracy for r in runs} == {"ggpo": 0.8, "ggpo-paper": 0.4,
+                                                                            "grpo": 0.7}
+    table = markdown_table(runs, None)
+    assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |")

@@ -247,3 +247,70 @@ def test_cli_names_the_bad_option(args, option, message):
     # click quotes the option in its own range errors, not in BadParameter(param_hint=...)
     assert f"Invalid value for {option}" in result.output.replace("'", ""), result.output
     assert message in result.output
+
+
+# ----------------------------------------------------------------------------- the finite-group result
+
+
+def test_group_expectations_sum_ggpo_loss_over_every_tuple():
+    """K = 2 on 3 actions, by hand: the 9 ordered pairs, each weighted by mu(y1) mu(y2), through ggpo_loss."""
+    import itertools
+    import math
+
+    from ggpo_lightning.core.objectives import ggpo_loss
+
+    gen = torch.Generator().manual_seed(3)
+    p = lab.random_problem(3, 0.4, gen)
+    logp = random_policy(3, gen)
+    expected_loss = expected_max = 0.0
+    for y1, y2 in itertools.product(range(3), repeat=2):
+        weight = math.exp(p.mu_logp[y1] + p.mu_logp[y2])
+        pair = torch.tensor([[y1, y2]])
+        expected_loss += weight * ggpo_loss(logp[pair], p.ref_logp[pair], p.rewards[pair], 0.4).item()
+        adjusted = p.rewards[pair] - 0.4 * (logp[pair] - p.ref_logp[pair])
+        expected_max += weight * adjusted.max().item()
+    loss, best = lab.group_expectations(logp, p.ref_logp, p.rewards, 0.4, p.mu_logp, 2)
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-9)
+    assert best.item() == pytest.approx(expected_max, rel=1e-9)
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.5, 3.0])
+@pytest.mark.parametrize("actions", [3, 5])
+def test_finite_group_theorem_holds_wherever_coverage_holds(actions, beta):
+    rows = lab.finite_group_checks(actions, beta, [1, 2, 3, 4], 40, torch.Generator().manual_seed(actions))
+    assert len(rows) == 40 * 4 * 3
+    for case, check in rows:
+        assert check.holds(), (case, check)  # C = inf where uncovered: vacuous, still true
+        assert check.sandwich_holds(), (case, check)  # needs no coverage at all
+        assert check.shortfall >= -1e-12 and check.group_loss >= -1e-12
+        if case == "on-policy":  # C = 1 and E_mu[a] = J(pi): the learner form is the sandwich's lower side
+            assert check.coverage == pytest.approx(1.0) and check.learner_form_holds()
+    # where mu misses actions, the bound computed with C over mu's support only is broken on some problems:
+    # the loss cannot see what the behavior never samples
+    assert any(not c.holds_on_support() for case, c in rows if case == "uncovered")
+    assert all(c.holds_on_support() for case, c in rows if case != "uncovered")
+
+
+def test_the_learner_form_is_false_at_one_response_per_group():
+    """``E[max_i a(y_i)] - J(pi) <= C (E[L_K] + beta log K)`` fails at K = 1 with mu = pi* != pi: L_1 = 0 while
+    E_mu[a] - J(pi) = beta (KL(pi || pi*) + KL(pi* || pi)) > 0."""
+    gen = torch.Generator().manual_seed(5)
+    p = lab.random_problem(4, 0.5, gen)
+    star = lab.gibbs_logp(p.ref_logp, p.rewards, 0.5)
+    logp = random_policy(4, gen)
+    check = lab.finite_group_check(lab.FiniteProblem(p.rewards, p.ref_logp, star, 0.5), logp, 1)
+    both_kls = lab.kl_divergence(logp, star) + lab.kl_divergence(star, logp)
+    assert check.group_loss == pytest.approx(0.0, abs=1e-12)
+    assert check.best_of_k - check.learner_value == pytest.approx(0.5 * both_kls.item(), rel=1e-9)
+    assert not check.learner_form_holds() and check.holds()
+
+
+def test_cli_finite_group_check_reports_and_refuses_too_many_tuples():
+    result = CliRunner().invoke(main, ["tabular", "--check", "finite-group", "--actions", "3", "--k", "3",
+                                       "--problems", "20"])
+    assert result.exit_code == 0, result.output
+    assert "theorem: holds wherever coverage holds" in result.output
+    uncovered = [line.split() for line in result.output.splitlines() if line.strip().startswith("uncovered")]
+    assert len(uncovered) == 3 and sum(int(row[3]) for row in uncovered) > 0  # C-on-support broken: flagged
+    too_big = CliRunner().invoke(main, ["tabular", "--check", "finite-group", "--actions", "20", "--k", "5"])
+    assert too_big.exit_code == 2 and "--k" in too_big.output and "20^5" in too_big.output

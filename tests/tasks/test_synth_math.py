@@ -12,6 +12,7 @@ from math import gcd
 from pathlib import Path
 
 import pytest
+import sympy
 from click.testing import CliRunner
 
 from ggpo_lightning.cli.main import main
@@ -223,6 +224,11 @@ def test_cli_writes_the_splits_and_reports_counts(tmp_path: Path):
     # Again with the same options: the files are reused and the counts reported again.
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and again.output == result.output
+    worked = CliRunner().invoke(main, [*args[:3], str(tmp_path / "worked"), *args[4:], "--solutions"])
+    assert worked.exit_code == 0, worked.output
+    assert read_rows(tmp_path / "worked" / "test.jsonl") == generate_synth_splits(
+        SynthMathConfig(families=("arithmetic", "polynomial"), levels=(1, 3), n_train=10, n_test=6, seed=2,
+                        solutions=True))[1]
 
 
 def test_cli_help_lists_every_family():
@@ -255,3 +261,74 @@ def test_cli_reports_a_conflicting_out_directory(tmp_path: Path):
     result = CliRunner().invoke(main, [*base, "--n-train", "5", "--n-test", "2"])
     assert result.exit_code == 1
     assert "holds splits made with other parameters (n_train: recorded 4, requested 5)" in result.output
+
+
+# ----------------------------------------------------------------------------- worked solutions (reasoning task)
+
+# solution tokens under the reasoning tokenizer, per cell: most fit a 40-150-token response; these two run longer
+# (a length sweep's long end: fractions of three terms, a cubic at a fraction)
+LONG_CELLS = {("fractions", 3): (100, 250), ("polynomial", 3): (100, 250)}
+
+
+@pytest.fixture(scope="module")
+def worked() -> list[dict]:
+    config = SynthMathConfig(n_train=1, n_test=SAMPLE_PER_CELL * len(FAMILIES) * len(LEVELS), seed=11,
+                             solutions=True)
+    return generate_synth_splits(config)[1]
+
+
+def test_worked_solutions_leave_the_problems_as_they_were(sample: list[dict], worked: list[dict]):
+    assert [{k: v for k, v in row.items() if k != "solution"} for row in worked] == sample
+    assert all(set(row) == {"id", "problem", "answer", "family", "level", "solution"} for row in worked)
+    again = generate_synth_splits(SynthMathConfig(n_train=1, n_test=len(worked), seed=11, solutions=True))[1]
+    assert again == worked  # deterministic
+    other = generate_synth_splits(SynthMathConfig(n_train=1, n_test=len(worked), seed=12, solutions=True))[1]
+    assert [r["solution"] for r in other] != [r["solution"] for r in worked]
+
+
+def test_worked_solutions_end_in_the_gold_box_and_the_math_verifier_accepts_them(worked: list[dict], verifier):
+    solutions = [row["solution"] for row in worked]
+    assert all(s.rstrip().endswith(f"$\\boxed{{{row['answer']}}}$.") for s, row in zip(solutions, worked))
+    assert all(2 <= len(s.splitlines()) <= 5 for s in solutions)  # a few steps, then the answer
+    golds = [row["answer"] for row in worked]
+    assert verifier.score_batch(solutions, golds) == [1.0] * len(worked)
+    # the last box is what counts: the same steps with a wrong final box score 0
+    wrong = [s.replace(f"\\boxed{{{g}}}", f"\\boxed{{{other_forms(g)[1]}}}") for s, g in zip(solutions, golds)]
+    assert verifier.score_batch(wrong, golds) == [0.0] * len(worked)
+
+
+def test_worked_solution_steps_by_hand():
+    from ggpo_lightning.tasks.synth_math import _euclid, _evaluation_steps, _pair_step
+
+    assert _pair_step(sympy.Rational(1, 2), "+", sympy.Rational(1, 3), fractions=True) == \
+        "Over $6$: $\\frac{3}{6} + \\frac{2}{6} = \\frac{5}{6}$."
+    assert _pair_step(sympy.Rational(2, 3), "*", sympy.Rational(3, 4), fractions=True) == \
+        "Multiply: $\\frac{2}{3} \\times \\frac{3}{4} = \\frac{6}{12} = \\frac{1}{2}$."
+    assert _evaluation_steps([2, 3, 4], ["+", "*"], fractions=False) == ["$3 \\times 4 = 12$.", "$2 + 12 = 14$."]
+    assert _euclid(365, 219) == "$365 = 1 \\times 219 + 146$, then the remainders $73, 0$"
+
+
+def test_worked_solutions_fit_the_reasoning_tokenizer(worked: list[dict]):
+    from ggpo_lightning.records.prompts import PAPER_TEMPLATE
+    from ggpo_lightning.tasks.tiny_model import build_reasoning_tokenizer
+
+    tokenizer = build_reasoning_tokenizer()
+    lengths: dict[tuple[str, int], list[int]] = {}
+    for row in worked:
+        ids = tokenizer(row["solution"], add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(PAPER_TEMPLATE.format(prompt=row["problem"]))["input_ids"]
+        assert tokenizer.unk_token_id not in ids + prompt, row
+        assert tokenizer.decode(ids) == row["solution"]
+        lengths.setdefault((row["family"], row["level"]), []).append(len(ids) + 1)  # + <eos>
+    for cell, values in lengths.items():
+        low, high = LONG_CELLS.get(cell, (40, 150))
+        assert low <= min(values) and max(values) <= high, (cell, min(values), max(values))
+
+
+def test_solutions_are_recorded_only_when_asked(tmp_path: Path):
+    plain = write_synth_splits(SynthMathConfig(n_train=5, n_test=5), tmp_path / "plain")
+    assert "solutions" not in json.loads((plain[0].parent / "task.json").read_text())  # older splits stay valid
+    worked = write_synth_splits(SynthMathConfig(n_train=5, n_test=5, solutions=True), tmp_path / "worked")
+    assert all("solution" in row for row in read_rows(worked[0]))
+    with pytest.raises(ValueError):
+        write_synth_splits(SynthMathConfig(n_train=5, n_test=5, solutions=True), tmp_path / "plain")

@@ -183,7 +183,11 @@ def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_
     module = make_module(tiny_model_dir, max_nan_steps=3)
     before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
     real_loss = module.step_loss
-    monkeypatch.setattr(module, "step_loss", lambda batch: (real_loss(batch)[0] * float("nan"), real_loss(batch)[1]))
+    def nan_loss(batch, token_logp=None):
+        loss, inputs = real_loss(batch, token_logp)
+        return loss * float("nan"), inputs
+
+    monkeypatch.setattr(module, "step_loss", nan_loss)
     trainer = fit(module, make_data(data_dir), steps=10, tmp_path=tmp_path)
     # the skipped steps change no parameter; they still count toward max_steps
     assert module.nan_guard.total == 3 and trainer.global_step == 3
@@ -448,12 +452,16 @@ def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_mode
 
     class Recorder(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, *args):
-            for name in ("kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior"):
+            for name in ("kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior",
+                         "coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess_share",
+                         "token_log_ratio_max"):
                 logged.setdefault(name, []).append(float(trainer.logged_metrics[f"train/{name}"]))
 
     fit(make_module(tiny_model_dir), make_data(data_dir), steps=3, callbacks=[Recorder()])
     assert all(abs(v) < 1e-4 for v in logged["kl_behavior_k1"] + logged["kl_behavior_k3"] + logged["log_mass_ratio"])
     assert abs(logged["logratio_ref_on_behavior"][0]) < 1e-4  # learner == reference at the first step
+    assert all(abs(v) < 1e-4 for v in logged["coverage_log_ratio_max"] + logged["token_log_ratio_max"])
+    assert all(v > 1 - 1e-4 for v in logged["coverage_ess_share"])  # pi = mu: every weight 1
     logged.clear()
     stale = RolloutConfig(k=4, sync_every=4, sampling=SamplingConfig(max_new_tokens=3))
     fit(make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig(behavior_anchor=0.0),
@@ -461,3 +469,6 @@ def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_mode
         make_data(data_dir), steps=4, callbacks=[Recorder()])
     assert abs(logged["kl_behavior_k1"][0]) < 1e-4  # the first step: nothing has moved yet
     assert logged["kl_behavior_k3"][3] > 1e-3 and all(v >= 0 for v in logged["kl_behavior_k3"])
+    # coverage: the ratios spread as the learner moves (ESS below N), the max above the 95th percentile
+    assert logged["coverage_ess_share"][3] < 0.99 and logged["coverage_log_ratio_max"][3] > 1e-3
+    assert all(m >= p for m, p in zip(logged["coverage_log_ratio_max"], logged["coverage_log_ratio_p95"]))
