@@ -115,7 +115,8 @@ def test_a_wheel_in_a_fresh_venv_finds_its_recipes_and_runs_convert_train_eval(t
     # as an editable install's finder pointing at the source tree, are not run)
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    deps = [p for p in sys.path if p.endswith("site-packages") and not Path(p).resolve().is_relative_to(ROOT)]
+    # (the project's own .venv lies inside the checkout: a site-packages folder is a dependency folder wherever it is)
+    deps = [p for p in sys.path if p.endswith("site-packages")]
     (site / "dependencies.pth").write_text("".join(p + "\n" for p in deps))
     work = tmp_path / "user"
     work.mkdir()
@@ -138,7 +139,8 @@ def test_a_wheel_in_a_fresh_venv_finds_its_recipes_and_runs_convert_train_eval(t
     write_jsonl(work / "MATH-train.jsonl", math_records(20))
     run("ggpo", "data", "convert", "--format", "math", "MATH-train.jsonl", "math.jsonl")
     run("ggpo-train", "--config", "qwen3-1.7b-math.yaml", "--data.train_path", "math.jsonl",
-        "--model.model_name_or_path", qwen3_model_dir, "--trainer.accelerator", "cpu", *SMALL_RUN)
+        "--model.model_name_or_path", qwen3_model_dir, "--trainer.accelerator", "cpu",
+        "--model.rollout.engine", "hf", *SMALL_RUN)  # the recipe's fallback: vLLM is not in this venv
     run_dir = next((work / "runs" / "qwen3-1.7b-math").glob("version_*"))
     assert json.loads((run_dir / "summary.json").read_text())["optimizer_steps"] == 2
     run("ggpo", "eval", run_dir, "math.jsonl", "--limit", "3", "--json", "eval.json")
