@@ -265,6 +265,8 @@ class _Lesson:
 
 
 def _lesson(config: TinyModelConfig) -> _Lesson:
+    """``config.task``'s warm-up: arithmetic answers (the quickstart's tokenizer, exact match) or worked solutions (the
+    reasoning tokenizer, the ``math`` verifier); the only place the two tasks differ."""
     task, reasoning = config.task, isinstance(config.task, SynthMathTask)
     train = task.problems(config.sft_steps * config.sft_batch_size, seed=config.sft_seed)
     held_out = task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1)
