@@ -1,27 +1,37 @@
 """The quickstart's builders: the synthetic task's data and the tiny model warmed up on it, made where a recipe
 says (``synthetic_data`` and ``tiny_model``, top-level recipe keys) before anything loads. The training glue knows
-no task: to it these are a prompt file and a model folder like any other."""
+no task: to it these are a prompt file and a model folder like any other.
+
+Two tasks: arithmetic (``synthetic_data.task: {max_operand, ops}``, the quickstart) and synth_math with worked
+solutions (``synthetic_data.task: {families, levels}``, ``recipes/reasoning-cpu.yaml``); the keys a recipe sets
+say which."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ggpo_lightning.records.errors import SettingsError
-from ggpo_lightning.tasks.arithmetic import ArithmeticTask, write_splits
+from ggpo_lightning.tasks.arithmetic import ArithmeticTask
+from ggpo_lightning.tasks.synth_math import SynthMathTask
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
 
 __all__ = ["SyntheticDataConfig", "build_quickstart_inputs", "tiny_model_config"]
 
+TASKS = (ArithmeticTask, SynthMathTask)
+"""The synthetic tasks, told apart by their fields (none set: arithmetic)."""
+
 
 @dataclass
 class SyntheticDataConfig:
-    """The synthetic arithmetic task, generated into the folder of ``data.train_path`` (``train.jsonl``,
-    ``test.jsonl``, ``task.json``) when that file is missing."""
+    """The synthetic task, generated into the folder of ``data.train_path`` (``train.jsonl``, ``test.jsonl``,
+    ``task.json``) when that file is missing."""
 
-    task: ArithmeticTask
-    """Problem family (operand range, operators)."""
+    task: ArithmeticTask | SynthMathTask
+    """Problem family: arithmetic (``max_operand``, ``ops``; rows ``{"prompt", "answer"}``) or synth_math with worked
+    solutions (``families``, ``levels``; rows ``{"problem", "answer", "solution", ...}``: ``data.prompt_field:
+    problem``)."""
     n_train: int = 4096
     """Training prompts."""
     n_test: int = 512
@@ -52,7 +62,7 @@ def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = Fa
                                 "set a --synthetic_data option too)")
         if not Path(train_path).is_file():
             settings = synthetic_data_config(config)
-            write_splits(settings.task, Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)
+            settings.task.write_splits(Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)
     if config.get("tiny_model") is not None:
         ensure_tiny_model(config["model"]["model_name_or_path"], tiny_model_config(config))
 
@@ -60,24 +70,39 @@ def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = Fa
 def synthetic_data_config(config: Any) -> SyntheticDataConfig:
     """The recipe's ``synthetic_data`` as a dataclass."""
     settings = _plain(config["synthetic_data"])
-    return SyntheticDataConfig(**{**settings, "task": ArithmeticTask(**_plain(settings["task"]))})
+    return SyntheticDataConfig(**{**settings, "task": _task(_plain(settings["task"]))})
+
+
+def _task(settings: dict[str, Any]) -> ArithmeticTask | SynthMathTask:
+    """The task whose fields ``settings`` (the recipe's ``synthetic_data.task``) sets."""
+    for kind in TASKS:
+        if set(settings) <= {f.name for f in fields(kind)}:
+            return kind(**settings)
+    raise SettingsError(f"synthetic_data.task sets {', '.join(sorted(settings))}: give the fields of one task, "
+                        "max_operand and ops (arithmetic) or families and levels (synth_math)")
 
 
 def tiny_model_config(config: Any) -> TinyModelConfig:
-    """The recipe's ``tiny_model``, warmed up on ``synthetic_data.task``: a recipe states the task once.
+    """The recipe's ``tiny_model``, warmed up on ``synthetic_data.task`` with the prompts of ``data.prompt_template``:
+    a recipe states the task and the template once.
 
-    ``tiny_model.task``, if set to anything but the default, must equal ``synthetic_data.task``.
+    ``tiny_model.task`` and ``tiny_model.prompt_template``, if set to anything but their defaults, must equal
+    ``synthetic_data.task`` and ``data.prompt_template``.
     """
     settings = _plain(config["tiny_model"])
     if config.get("synthetic_data") is None:
         raise SettingsError("tiny_model needs synthetic_data: the tiny model's warm-up teaches the synthetic task; "
                             "set synthetic_data or drop tiny_model and give model.model_name_or_path a model folder")
     task = _plain(_plain(config["synthetic_data"])["task"])
-    given = settings.pop("task", None)
-    if given not in (None, asdict(ArithmeticTask()), task):
-        raise SettingsError(f"tiny_model.task {given} differs from synthetic_data.task {task}: the warm-up uses "
-                            "synthetic_data.task; remove tiny_model.task")
-    return TinyModelConfig(**settings, task=ArithmeticTask(**task))
+    template = config["data"].get("prompt_template") or TinyModelConfig.prompt_template
+    for key, source, value, default in (("task", "synthetic_data.task", task, asdict(ArithmeticTask())),
+                                        ("prompt_template", "data.prompt_template", template,
+                                         TinyModelConfig.prompt_template)):
+        given = settings.pop(key, None)
+        if given not in (None, default, value):
+            raise SettingsError(f"tiny_model.{key} {given!r} differs from {source} {value!r}: the warm-up uses "
+                                f"{source}; remove tiny_model.{key}")
+    return TinyModelConfig(**settings, task=_task(task), prompt_template=template)
 
 
 def _plain(value: Any) -> dict[str, Any]:

@@ -75,11 +75,12 @@ class GGPOTrainCLI(LightningCLI):
                                  "the GPU's memory, or on CPU the available host memory; false starts anyway.")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
-                                 "synthetic_data.task) at model.model_name_or_path when that folder does not exist: "
-                                 "CPU runs and tests without downloads.")
+                                 "synthetic_data.task through data.prompt_template) at model.model_name_or_path "
+                                 "when that folder does not exist: CPU runs and tests without downloads.")
         parser.add_argument("--synthetic_data", type=SyntheticDataConfig | None, default=None,
-                            help="Generate the synthetic arithmetic task into the folder of data.train_path when "
-                                 "that file does not exist (the quickstart's data).")
+                            help="Generate the synthetic task (arithmetic, or synth_math with worked solutions) into "
+                                 "the folder of data.train_path when that file does not exist (the quickstart's and "
+                                 "the reasoning recipe's data).")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse as LightningCLI does; a mistake is one :class:`SettingsError` line (an unknown key with the closest

@@ -79,6 +79,10 @@ class ArithmeticTask:
         _check_count("n", n)
         return list(islice(self._stream(seed), n))
 
+    def write_splits(self, directory: str | Path, n_train: int, n_test: int, seed: int) -> tuple[Path, Path]:
+        """:func:`write_splits` of this task."""
+        return write_splits(self, directory, n_train, n_test, seed)
+
     def _stream(self, seed: int) -> Iterator[dict[str, str]]:
         rng = random.Random(seed)
         index = 0

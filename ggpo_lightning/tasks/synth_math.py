@@ -28,6 +28,10 @@ tokenizer (:func:`~ggpo_lightning.tasks.tiny_model.build_reasoning_tokenizer`; p
 :data:`~ggpo_lightning.records.prompts.PAPER_TEMPLATE`) a solution plus ``<eos>`` is 40 to 150 tokens in every cell
 but ``fractions`` and ``polynomial`` level 3 (about 110 to 210: the long end of a length sweep).
 
+``SynthMathTask`` (families and levels only) is the reasoning recipe's task (``recipes/reasoning-cpu.yaml``,
+``synthetic_data.task``): it writes the splits with worked solutions, and its ``problems`` stream is what the recipe's
+tiny model warms up on.
+
 Problems are built from Python ints and sympy objects, never by parsing strings, so
 generation cannot execute text. It is deterministic: every (family, level) cell draws
 from its own ``random.Random`` seeded by the config seed, family and level. This module
@@ -52,7 +56,8 @@ import sympy
 
 from ggpo_lightning.tasks.arithmetic import write_recorded_splits
 
-__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "generate_synth_splits", "worked_solution", "write_synth_splits"]
+__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "SynthMathTask", "generate_synth_splits", "worked_solution",
+           "write_synth_splits"]
 
 LEVELS = (1, 2, 3)
 # Bump when the rows generated for given parameters change: splits recorded with another
@@ -238,32 +243,70 @@ FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, Value, list[str]]]
 are computed from the drawn numbers and draw nothing (the problems do not depend on whether solutions are asked)."""
 
 
-def _check_names(field: str, values: Any, valid: tuple, kind: type) -> tuple:
+def _check_names(owner: str, field: str, values: Any, valid: tuple, kind: type) -> tuple:
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
-        raise ValueError(f"SynthMathConfig.{field} must be a non-empty tuple, got {values!r}")
+        raise ValueError(f"{owner}.{field} must be a non-empty tuple, got {values!r}")
     bad = [v for v in values if isinstance(v, bool) or not isinstance(v, kind) or v not in valid]
     if bad:
-        raise ValueError(f"SynthMathConfig.{field}: unknown {', '.join(map(repr, bad))}; "
+        raise ValueError(f"{owner}.{field}: unknown {', '.join(map(repr, bad))}; "
                          f"valid {field}: {', '.join(map(str, valid))}")
     if len(set(values)) != len(values):
-        raise ValueError(f"SynthMathConfig.{field} must not repeat entries, got {values!r}")
+        raise ValueError(f"{owner}.{field} must not repeat entries, got {values!r}")
     return tuple(values)
 
 
 @dataclass(frozen=True)
-class SynthMathConfig:
-    """Which problems to generate and how many.
-
-    ``n_train`` and ``n_test`` are totals, shared evenly over the (family, level) cells in
-    the order given (the first cells get one more when the division leaves a remainder).
-    Lists are accepted for ``families`` and ``levels`` and stored as tuples, so the config
-    stays hashable. Invalid values raise ``ValueError`` naming the field.
-    """
+class SynthMathTask:
+    """Which problems: the families and levels (the reasoning recipe's ``synthetic_data.task``, whose tiny model
+    warms up on their worked solutions). Lists are accepted and stored as tuples, so the task stays hashable;
+    invalid values raise ``ValueError`` naming the field."""
 
     families: tuple[str, ...] = tuple(FAMILIES)
     """Problem families, a non-empty subset of :data:`FAMILIES`."""
     levels: tuple[int, ...] = LEVELS
     """Difficulty levels, a non-empty subset of :data:`LEVELS`."""
+
+    def __post_init__(self) -> None:
+        # object.__setattr__ because the dataclass is frozen.
+        owner = type(self).__name__
+        object.__setattr__(self, "families", _check_names(owner, "families", self.families, tuple(FAMILIES), str))
+        object.__setattr__(self, "levels", _check_names(owner, "levels", self.levels, LEVELS, int))
+
+    @property
+    def cells(self) -> list[tuple[str, int]]:
+        """The (family, level) pairs, families outermost."""
+        return [(family, level) for family in self.families for level in self.levels]
+
+    def problems(self, n: int, seed: int) -> list[Row]:
+        """The first ``n`` worked problems of the cells' streams for ``seed``, taken in turn cell by cell (prompts may
+        repeat; no split is made): the warm-up's stream. Rows as :func:`generate_synth_splits` writes them, with
+        ``solution``; ids ``synth-<family>-L<level>-<seed>-draw<i>``. Deterministic, and a longer list extends a
+        shorter one."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        cells = self.cells
+        streams = [_stream(family, level, seed) for family, level in cells]
+        rows = []
+        for i in range(n):
+            (family, level), (problem, answer, solution) = cells[i % len(cells)], next(streams[i % len(cells)])
+            rows.append({"id": f"synth-{family}-L{level}-{seed}-draw{i // len(cells)}", "problem": problem,
+                         "answer": answer, "family": family, "level": level, "solution": solution})
+        return rows
+
+    def write_splits(self, directory: str | Path, n_train: int, n_test: int, seed: int) -> tuple[Path, Path]:
+        """:func:`write_synth_splits` of this task with worked solutions."""
+        config = SynthMathConfig(self.families, self.levels, n_train=n_train, n_test=n_test, seed=seed, solutions=True)
+        return write_synth_splits(config, directory)
+
+
+@dataclass(frozen=True)
+class SynthMathConfig(SynthMathTask):
+    """Which problems to generate and how many.
+
+    ``n_train`` and ``n_test`` are totals, shared evenly over the (family, level) cells in
+    the order given (the first cells get one more when the division leaves a remainder).
+    """
+
     n_train: int = 2000
     """Total training problems, >= 1."""
     n_test: int = 500
@@ -275,19 +318,12 @@ class SynthMathConfig:
     the reasoning-shaped target of a warm-up; the problems are the same either way."""
 
     def __post_init__(self) -> None:
-        # object.__setattr__ because the dataclass is frozen.
-        object.__setattr__(self, "families", _check_names("families", self.families, tuple(FAMILIES), str))
-        object.__setattr__(self, "levels", _check_names("levels", self.levels, LEVELS, int))
+        super().__post_init__()
         for name in ("n_train", "n_test", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or (name != "seed" and value < 1):
                 raise ValueError(f"SynthMathConfig.{name} must be an integer{' >= 1' if name != 'seed' else ''}, "
                                  f"got {value!r}")
-
-    @property
-    def cells(self) -> list[tuple[str, int]]:
-        """The (family, level) pairs, families outermost."""
-        return [(family, level) for family in self.families for level in self.levels]
 
 
 def _share(total: int, parts: int) -> list[int]:

@@ -3,11 +3,13 @@
 A word-level tokenizer (one token per digit, symbol or whitespace character, whole
 words) and a Llama-architecture ``LlamaForCausalLM`` given a short supervised warm-up on
 an ``ArithmeticTask`` with label noise, so that it starts imperfect like a base model and
-RL groups have reward variance. ``ensure_tiny_model(path, config)`` builds it once and
-reuses it afterwards; the folder is a normal ``save_pretrained`` folder (model and
-tokenizer), loadable by transformers and inference engines. ``ggpo-train`` builds it
-from a recipe's top-level ``tiny_model`` section (the quickstart recipes); the trainer
-itself only ever loads a model folder.
+RL groups have reward variance; or, for the reasoning recipe, on the worked solutions of a
+``SynthMathTask`` (the reasoning tokenizer; checks graded by the ``math`` verifier).
+``ensure_tiny_model(path, config)`` builds it once and reuses it afterwards; the folder is
+a normal ``save_pretrained`` folder (model and tokenizer), loadable by transformers and
+inference engines. ``ggpo-train`` builds it from a recipe's top-level ``tiny_model``
+section (the quickstart and reasoning recipes); the trainer itself only ever loads a model
+folder.
 
 The architecture is Llama on purpose: with transformers 5, ``AutoTokenizer`` on a folder
 whose ``config.json`` says ``model_type: qwen2`` returns Qwen2's own tokenizer and drops
@@ -16,6 +18,7 @@ the custom vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from ggpo_verifiers import Verifier, get_verifier
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 from transformers import (
@@ -41,6 +45,7 @@ from transformers import (
 )
 
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
+from ggpo_lightning.tasks.synth_math import SynthMathTask, worked_solution
 
 __all__ = ["TinyModelConfig", "build_reasoning_tokenizer", "build_tiny_model", "build_tiny_tokenizer",
            "ensure_tiny_model", "greedy_accuracy"]
@@ -62,6 +67,9 @@ TINY_MODEL_RECORD = "tiny_model.json"
 # that ensure_tiny_model rejects folders built by older code instead of silently reusing them.
 _BUILD_VERSION = 2
 _EVAL_PROBLEMS = 128
+# Response length of the warm-up's accuracy checks: an arithmetic answer; a worked solution (the reasoning recipe's
+# model.rollout.sampling.max_new_tokens, so the warm-up's target is the RL run's starting point)
+_ANSWER_TOKENS, _SOLUTION_TOKENS = 8, 160
 
 # ----------------------------------------------------------------------------- tokenizer
 
@@ -102,7 +110,7 @@ def build_reasoning_tokenizer() -> PreTrainedTokenizerFast:
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """A small Llama-architecture causal LM and its supervised warm-up on an arithmetic task."""
+    """A small Llama-architecture causal LM and its supervised warm-up on a synthetic task."""
 
     hidden_size: int = 128
     """Width of the residual stream (embedding size)."""
@@ -118,8 +126,12 @@ class TinyModelConfig:
     """Longest sequence (prompt and response) in tokens."""
     seed: int = 0
     """Seed of the weight initialization."""
-    task: ArithmeticTask = ArithmeticTask()
-    """The task the warm-up teaches."""
+    task: ArithmeticTask | SynthMathTask = ArithmeticTask()
+    """The task the warm-up teaches: arithmetic answers (the quickstart's tokenizer), or a ``SynthMathTask``'s worked
+    solutions (:func:`build_reasoning_tokenizer`; the checks graded by the ``math`` verifier)."""
+    prompt_template: str = "{prompt}"
+    """Python format string of the warm-up's prompts, ``{prompt}`` the problem (``ggpo-train``: the recipe's
+    ``data.prompt_template``, so that the warm-up sees the prompts the run will)."""
     sft_steps: int = 1500
     """Supervised warm-up optimizer steps; 0 keeps the random initialization. The starting accuracy
     depends on it steeply and not monotonically (default model, seed 0 / 1: 22% / 36% after 1000
@@ -130,7 +142,8 @@ class TinyModelConfig:
     sft_lr: float = 3e-3
     """Peak AdamW learning rate of the warm-up (linear ramp over 5% of the steps, then cosine decay to 0)."""
     sft_label_noise: float = 0.3
-    """Fraction of warm-up targets moved by +-1..3, so the warm model is imperfect, like a base model."""
+    """Fraction of warm-up targets made wrong, so the warm model is imperfect, like a base model: an arithmetic
+    answer moved by +-1..3; a worked solution's final box given another problem's answer."""
     sft_seed: int = 12345
     """Seed of the warm-up problems and label noise; keep it apart from the seeds of the RL data."""
     sft_target_accuracy: float | None = None
@@ -221,29 +234,73 @@ def _noisy_targets(rows: Sequence[dict[str, str]], noise: float, seed: int) -> l
             for row in rows]
 
 
+def _noisy_solutions(rows: Sequence[dict[str, Any]], noise: float, seed: int) -> list[str]:
+    """Worked solutions, a ``noise`` fraction of them boxing another row's answer (the steps stay right)."""
+    rng = random.Random(f"label-noise/{seed}")
+    targets = []
+    for row in rows:
+        solution = row["solution"]
+        if rng.random() < noise:
+            box = worked_solution([], row["answer"])  # the last line: "The final answer is $\\boxed{...}$."
+            solution = solution.removesuffix(box) + worked_solution([], rng.choice(rows)["answer"])
+        targets.append(solution)
+    return targets
+
+
+@dataclass(frozen=True)
+class _Lesson:
+    """What the warm-up of a config teaches, and how its checks grade a greedy completion."""
+
+    tokenizer: PreTrainedTokenizerFast
+    prompts: list[str]
+    """The warm-up's prompts, ``sft_steps * sft_batch_size`` of them, through ``prompt_template``."""
+    targets: list[str]
+    """Their targets, with label noise."""
+    held_out: list[dict[str, str]]
+    """``{"prompt", "answer"}`` of the checks: problems drawn with seed ``sft_seed + 1``."""
+    verifier: str | None
+    """``None``: a completion is right when, stripped, it equals the answer; else this verifier grades it."""
+    max_new_tokens: int
+    """Response length of a check."""
+
+
+def _lesson(config: TinyModelConfig) -> _Lesson:
+    """``config.task``'s warm-up: arithmetic answers (the quickstart's tokenizer, exact match) or worked solutions (the
+    reasoning tokenizer, the ``math`` verifier); the only place the two tasks differ."""
+    task, reasoning = config.task, isinstance(config.task, SynthMathTask)
+    train = task.problems(config.sft_steps * config.sft_batch_size, seed=config.sft_seed)
+    held_out = task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1)
+
+    def prompt(row: dict[str, Any]) -> str:  # {prompt} is the problem, as data.prompt_field maps it for the run
+        return config.prompt_template.format(**{**row, "prompt": row["problem"] if reasoning else row["prompt"]})
+
+    noisy = _noisy_solutions if reasoning else _noisy_targets
+    return _Lesson(build_reasoning_tokenizer() if reasoning else build_tiny_tokenizer(), [prompt(r) for r in train],
+                   noisy(train, config.sft_label_noise, config.sft_seed),
+                   [{"prompt": prompt(r), "answer": r["answer"]} for r in held_out], "math" if reasoning else None,
+                   _SOLUTION_TOKENS if reasoning else _ANSWER_TOKENS)
+
+
 def _warmup_cosine(steps: int) -> Callable[[int], float]:
     """Learning-rate factor: linear ramp over the first 5% of steps, then cosine decay to 0."""
     ramp = max(1, steps // 20)
     return lambda step: min(1.0, (step + 1) / ramp) * 0.5 * (1.0 + math.cos(math.pi * step / max(1, steps)))
 
 
-def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config: TinyModelConfig) -> int:
+def _warm_up(model: LlamaForCausalLM, lesson: _Lesson, config: TinyModelConfig, verifier: Verifier | None) -> int:
     """Supervised warm-up: AdamW with warm-up + cosine schedule, gradient-norm clip 1.0, fresh problems per step;
     with ``sft_target_accuracy``, until a check reaches it. Returns the steps taken."""
     size = config.sft_batch_size
-    rows = config.task.problems(config.sft_steps * size, seed=config.sft_seed)
-    targets = _noisy_targets(rows, config.sft_label_noise, config.sft_seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, weight_decay=0.0)
     # The decay matters: at a constant 3e-3 the default model plateaued near 5% greedy
     # accuracy after 1500 steps; with the decay it reached 97%.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(config.sft_steps))
     report_every = max(1, config.sft_steps // 4)
-    held_out = config.task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1)
     start = time.perf_counter()
     model.train()
     for step in range(config.sft_steps):
         chunk = slice(step * size, (step + 1) * size)
-        loss = model(**_teacher_forced_batch(tokenizer, [r["prompt"] for r in rows[chunk]], targets[chunk])).loss
+        loss = model(**_teacher_forced_batch(lesson.tokenizer, lesson.prompts[chunk], lesson.targets[chunk])).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -253,7 +310,8 @@ def _warm_up(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, config
             print(f"[tiny-model] warm-up step {step + 1}/{config.sft_steps} loss {loss.item():.3f} "
                   f"({time.perf_counter() - start:.0f}s)", flush=True)
         if config.sft_target_accuracy is not None and (step + 1) % config.sft_check_every == 0:
-            accuracy = greedy_accuracy(model, tokenizer, held_out)
+            accuracy = greedy_accuracy(model, lesson.tokenizer, lesson.held_out, lesson.max_new_tokens,
+                                       verifier=verifier)
             if accuracy >= config.sft_target_accuracy:
                 print(f"[tiny-model] greedy accuracy {accuracy:.3f} >= {config.sft_target_accuracy} after "
                       f"{step + 1} steps: warm-up done", flush=True)
@@ -285,7 +343,8 @@ def build_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     only once complete. ``tiny_model.json`` in it records the config, and, for
     information, the greedy accuracy after the warm-up on 128 problems drawn with seed
     ``sft_seed + 1`` (the warm-up samples the same problem space, so this estimates the
-    starting accuracy on the task, not generalization to unseen problems).
+    starting accuracy on the task, not generalization to unseen problems; a worked solution
+    is graded by the ``math`` verifier at 160 new tokens).
 
     Raises:
         FileExistsError: ``path`` exists (``ensure_tiny_model`` reuses an existing build).
@@ -293,14 +352,15 @@ def build_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} already exists; use ensure_tiny_model to reuse it, or delete it to rebuild")
-    tokenizer = build_tiny_tokenizer()
-    model = _init_model(config, tokenizer)
+    lesson = _lesson(config)
+    model = _init_model(config, lesson.tokenizer)
     n_parameters = sum(p.numel() for p in model.parameters())
     print(f"[tiny-model] building {path}: {n_parameters:,} parameters, {config.sft_steps} warm-up steps", flush=True)
     start = time.perf_counter()
-    steps = _warm_up(model, tokenizer, config)
-    seconds = time.perf_counter() - start
-    accuracy = greedy_accuracy(model, tokenizer, config.task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1))
+    with get_verifier(lesson.verifier, workers=1) if lesson.verifier else contextlib.nullcontext() as verifier:
+        steps = _warm_up(model, lesson, config, verifier)
+        seconds = time.perf_counter() - start
+        accuracy = greedy_accuracy(model, lesson.tokenizer, lesson.held_out, lesson.max_new_tokens, verifier=verifier)
     print(f"[tiny-model] warm-up took {seconds:.0f}s; greedy accuracy {accuracy:.3f}", flush=True)
     record = {"build_version": _BUILD_VERSION, "config": asdict(config), "n_parameters": n_parameters,
               "warmup_steps": steps, "warmup_seconds": round(seconds, 2), "warmup_greedy_accuracy": accuracy}
@@ -308,7 +368,7 @@ def build_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
         warnings.warn(f"the tiny model's warm-up ended at greedy accuracy {accuracy:.3f}, below "
                       f"sft_target_accuracy {config.sft_target_accuracy}, after all {config.sft_steps} steps; "
                       "raise tiny_model.sft_steps", stacklevel=2)
-    _save_atomically(path, model, tokenizer, record)
+    _save_atomically(path, model, lesson.tokenizer, record)
     return path
 
 
@@ -341,9 +401,10 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
                               f"built by ggpo-lightning; delete it or choose another path")
     record = json.loads(record_path.read_text(encoding="utf-8"))
     # settings added later than the build take their defaults (the weights they describe are the same)
-    differences = _differences({"build_version": record.get("build_version"), **asdict(TinyModelConfig()),
+    # through JSON, so that tuples compare equal to the lists read back from the record
+    differences = _differences({"build_version": record.get("build_version"), **_as_json(TinyModelConfig()),
                                 **record["config"]},
-                               {"build_version": _BUILD_VERSION, **asdict(config)})
+                               {"build_version": _BUILD_VERSION, **_as_json(config)})
     if differences:
         raise ValueError(f"the tiny model at {path} was built with another config or by another version of "
                          f"ggpo-lightning ({'; '.join(differences)}); delete {path} to rebuild it, or choose "
@@ -352,10 +413,15 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     return path
 
 
+def _as_json(config: TinyModelConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(config)))
+
+
 @torch.no_grad()
 def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, str]],
-                    max_new_tokens: int = 8, batch_size: int = 128) -> float:
-    """Fraction of ``rows`` whose greedy completion of ``row["prompt"]``, stripped, equals ``row["answer"]``."""
+                    max_new_tokens: int = 8, batch_size: int = 128, verifier: Verifier | None = None) -> float:
+    """Fraction of ``rows`` whose greedy completion of ``row["prompt"]``, stripped, equals ``row["answer"]``; with a
+    ``verifier``, the mean of its scores against ``row["answer"]``."""
     if not rows:
         raise ValueError("greedy_accuracy needs at least one row")
     was_training = model.training
@@ -368,7 +434,9 @@ def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         completions = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(c.strip() == r["answer"] for c, r in zip(completions, chunk))
+        answers = [r["answer"] for r in chunk]
+        correct += (sum(verifier.score_batch(completions, answers)) if verifier is not None
+                    else sum(c.strip() == a for c, a in zip(completions, answers)))
     model.train(was_training)
     return correct / len(rows)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ggpo_lightning.cli.quickstart import build_quickstart_inputs, tiny_model_config
-from ggpo_lightning.tasks.arithmetic import ArithmeticTask
+from ggpo_lightning.cli.quickstart import build_quickstart_inputs, synthetic_data_config, tiny_model_config
+from ggpo_lightning.records.errors import SettingsError
+from ggpo_lightning.tasks import ArithmeticTask, SynthMathTask
 
 TASK = {"max_operand": 9, "ops": "+"}
 
@@ -38,3 +39,11 @@ def test_the_tiny_model_learns_the_recipes_task_and_nothing_else(tmp_path):
     with pytest.raises(ValueError, match="differs from synthetic_data.task"):
         tiny_model_config(recipe(tmp_path, tiny_model={"task": {"max_operand": 5, "ops": "+"}},
                                  synthetic_data={"task": TASK}))
+
+
+def test_the_fields_a_recipe_sets_choose_the_task_and_a_mix_is_an_error_naming_the_key(tmp_path):
+    synth = {"families": ["gcd"], "levels": [1]}
+    assert synthetic_data_config(recipe(tmp_path, synthetic_data={"task": synth})).task == SynthMathTask(["gcd"], [1])
+    assert synthetic_data_config(recipe(tmp_path, synthetic_data={"task": {}})).task == ArithmeticTask()
+    with pytest.raises(SettingsError, match="synthetic_data.task sets families, levels, ops: give the fields of one task"):
+        synthetic_data_config(recipe(tmp_path, synthetic_data={"task": {**synth, "ops": "+"}}))

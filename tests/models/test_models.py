@@ -289,3 +289,22 @@ def test_a_build_recorded_before_new_settings_existed_is_still_reused(built):
         record["config"].pop(key)
     record_path.write_text(json.dumps(record))
     assert ensure_tiny_model(path, TINY) == path
+
+
+def test_the_reasoning_warm_up_teaches_worked_solutions_through_the_template_with_wrong_boxes_as_noise():
+    from ggpo_lightning.records.prompts import PAPER_TEMPLATE
+    from ggpo_lightning.tasks import SynthMathTask
+    from ggpo_lightning.tasks.tiny_model import _lesson
+
+    task = SynthMathTask(families=["arithmetic", "linear"], levels=[1])
+    config = TinyModelConfig(task=task, prompt_template=PAPER_TEMPLATE, sft_steps=10, sft_batch_size=10,
+                             sft_label_noise=0.5)
+    lesson, rows = _lesson(config), task.problems(100, seed=config.sft_seed)
+    assert lesson.prompts == [PAPER_TEMPLATE.format(prompt=row["problem"]) for row in rows]
+    assert lesson.verifier == "math" and lesson.tokenizer.convert_tokens_to_ids("boxed") != lesson.tokenizer.unk_token_id
+    boxed = [target.endswith(f"$\\boxed{{{row['answer']}}}$.") for target, row in zip(lesson.targets, rows)]
+    assert 30 <= boxed.count(False) <= 70  # about half box another problem's answer ...
+    steps = [target.rsplit("\n", 1)[0] == row["solution"].rsplit("\n", 1)[0] for target, row in zip(lesson.targets, rows)]
+    assert all(steps)  # ... after the same steps
+    assert [r["prompt"] for r in lesson.held_out] == [PAPER_TEMPLATE.format(prompt=row["problem"])
+                                                      for row in task.problems(128, seed=config.sft_seed + 1)]

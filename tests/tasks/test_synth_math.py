@@ -16,7 +16,7 @@ import sympy
 from click.testing import CliRunner
 
 from ggpo_lightning.cli.main import main
-from ggpo_lightning.tasks import SynthMathConfig, generate_synth_splits, write_synth_splits
+from ggpo_lightning.tasks import SynthMathConfig, SynthMathTask, generate_synth_splits, write_synth_splits
 from ggpo_lightning.tasks.synth_math import FAMILIES, LEVELS
 from ggpo_verifiers import get_verifier
 
@@ -332,3 +332,16 @@ def test_solutions_are_recorded_only_when_asked(tmp_path: Path):
     assert all("solution" in row for row in read_rows(worked[0]))
     with pytest.raises(ValueError):
         write_synth_splits(SynthMathConfig(n_train=5, n_test=5, solutions=True), tmp_path / "plain")
+
+
+def test_the_reasoning_task_streams_worked_problems_cell_by_cell_and_writes_splits_with_them(tmp_path: Path):
+    task = SynthMathTask(families=["linear", "gcd"], levels=[1, 2])
+    rows = task.problems(10, seed=3)
+    assert [(r["family"], r["level"]) for r in rows[:4]] == task.cells  # in turn, cell by cell
+    assert task.problems(6, seed=3) == rows[:6] and task.problems(10, seed=4) != rows  # a seed's stream
+    assert all(row["solution"].endswith(f"$\\boxed{{{row['answer']}}}$.") for row in rows)
+    train, test = task.write_splits(tmp_path, n_train=8, n_test=4, seed=3)
+    assert len(read_rows(train)) == 8 and all("solution" in row for row in read_rows(train) + read_rows(test))
+    assert json.loads((tmp_path / "task.json").read_text())["families"] == ["linear", "gcd"]
+    with pytest.raises(ValueError, match="SynthMathTask.families: unknown 'calculus'"):
+        SynthMathTask(families=("calculus",))
