@@ -128,7 +128,7 @@ class SampledTokenLogprobs(LogitsProcessor):
     """Records ``log mu(y_t | x, y_<t)`` of every sampled token while ``generate`` samples: no second forward.
 
     Called at each decoding step with the model's next-token logits ``[B, V]`` before any
-    sampling warper (temperature, top-p: ``generate`` runs a caller's processors first), it
+    sampling warper (:func:`_generate` lists it before the warpers and turns ``generate``'s own off), it
     keeps that step's log-softmax until the next call, where the token sampled from it is the
     last column of ``input_ids``; :meth:`finish` gathers the last step's token. So memory stays
     one ``[B, V]`` row block, not ``generate``'s ``[B, T, V]`` ``output_logits``. The log-probs
