@@ -4,8 +4,8 @@
 A step is ``on_train_batch_start`` to ``on_train_batch_end`` (the online data path rolls out
 inside the step); backward is ``on_before_backward`` to ``on_after_backward`` (summed over
 micro-batches); ``optimizer`` runs from ``on_before_optimizer_step`` (clipping included);
-``generate`` and ``verify`` come from the step's logged ``train/rollout_seconds`` and
-``train/rollout_verify_seconds`` (with asynchronous rollouts, which overlap the step, ``generate`` is
+``generate`` and ``verify`` come from the step's recorded metrics (``GGPOModule.last_step_metrics``)
+``train/rollout_seconds`` and ``train/rollout_verify_seconds`` (with asynchronous rollouts, which overlap the step, ``generate`` is
 the learner's wait for a batch, ``train/rollout_wait_seconds``, and ``verify`` 0); ``reference_forward`` from forward hooks on the reference
 model's children (the log-prob code calls the decoder body and the output head apart);
 ``learner_forward`` is the rest of the step: the learner's forward, packing and the loss.
@@ -29,9 +29,8 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def _metric(trainer: L.Trainer, name: str) -> float:
-    value = trainer.callback_metrics.get(f"train/{name}")
-    return float(value) if value is not None else 0.0
+def _metric(pl_module: L.LightningModule, name: str) -> float:
+    return pl_module.last_step_metrics.get(f"train/{name}", 0.0)
 
 
 def _time_forwards(model, phase: dict, name: str) -> None:
@@ -92,17 +91,17 @@ class PhaseTimer(L.Callback):
         wall = time.perf_counter() - self.t0
         phase = self.phase
         phase["optimizer"] += time.perf_counter() - self.o0
-        rollout, verify = _metric(trainer, "rollout_seconds"), _metric(trainer, "rollout_verify_seconds")
-        if "train/rollout_wait_seconds" in trainer.callback_metrics:  # async: the rollout ran beside the step
-            rollout, verify = _metric(trainer, "rollout_wait_seconds"), 0.0
+        rollout, verify = _metric(pl_module, "rollout_seconds"), _metric(pl_module, "rollout_verify_seconds")
+        if "train/rollout_wait_seconds" in pl_module.last_step_metrics:  # async: the rollout ran beside the step
+            rollout, verify = _metric(pl_module, "rollout_wait_seconds"), 0.0
         phase["generate"], phase["verify"] = rollout - verify, verify
         phase["learner_forward"] = wall - sum(v for k, v in phase.items() if k != "learner_forward")
         self.records.append({
             "step": trainer.global_step, "wall_s": wall, "cpu_s": time.process_time() - self.cpu0,
             "completions": pl_module.generated_samples - self.samples0,
-            "completion_tokens": int(_metric(trainer, "response_tokens")),
-            "prompt_tokens": int(_metric(trainer, "rollout_prompt_tokens")),
-            "mean_reward": _metric(trainer, "reward"),
+            "completion_tokens": int(_metric(pl_module, "response_tokens")),
+            "prompt_tokens": int(_metric(pl_module, "rollout_prompt_tokens")),
+            "mean_reward": _metric(pl_module, "reward"),
             "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(),
             **{f"t.{k}": v for k, v in phase.items()},
         })

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,37 @@ log = logging.getLogger(__name__)
 
 
 class UpdateHooks(L.LightningModule):
-    """LightningModule hooks of the update. A training step that returns ``train_start`` (its clock) and
-    ``train_tokens`` gets ``train/train_seconds`` and ``train/train_tokens_per_s`` logged after the update (on a GPU
-    also ``train/peak_memory_gb``, ``torch.cuda.max_memory_allocated``). The subclass sets ``optimizer_factory``
-    (learner parameters -> optimizer),
-    ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
+    """LightningModule hooks of the update, and the step's metrics record.
+
+    The step's metrics go to :attr:`last_step_metrics` (:meth:`record_step_metrics`) and, after the update, to the
+    loggers in one row (``log_every_n_steps`` honoured), not through ``self.log``: Lightning's ``self.log`` costs
+    ~0.2 ms per metric and call on CPU, 10 ms for a step's ~45 metrics (``docs/PERFORMANCE.md``). A training step
+    that returns ``train_start`` (its clock) and ``train_tokens`` gets ``train/train_seconds`` and
+    ``train/train_tokens_per_s`` recorded after the update (on a GPU also ``train/peak_memory_gb``,
+    ``torch.cuda.max_memory_allocated``), with ``train/grad_norm``. The subclass sets ``optimizer_factory``
+    (learner parameters -> optimizer), ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or
+    None) and ``policy``."""
+
+    last_step_metrics: dict[str, float]
+    """The latest training step's metrics as written to the loggers (``train/...`` keys, floats), for callbacks;
+    empty before the first step. ``trainer.callback_metrics`` holds only the progress bar's values."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_step_metrics = {}
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.last_step_metrics = {}
+
+    def record_step_metrics(self, metrics: dict[str, torch.Tensor | float]) -> None:
+        """Adds scalar ``metrics`` to :attr:`last_step_metrics`, the tensors with one device-to-host copy; NaN values
+        (a mean over no responses, e.g. ``logratio_correct`` without a correct one) are left out of the row."""
+        tensors = {n: v for n, v in metrics.items() if isinstance(v, torch.Tensor)}
+        values = {n: float(v) for n, v in metrics.items() if n not in tensors}
+        if tensors:
+            stacked = torch.stack([v.detach().to(self.device, torch.float64).reshape(()) for v in tensors.values()])
+            values.update(zip(tensors, stacked.tolist()))
+        self.last_step_metrics.update((n, v) for n, v in values.items() if not math.isnan(v))
 
     def configure_optimizers(self) -> Any:
         """The optimizer over the learner's trainable parameters; with ``model.lr_scheduler``, its schedule
@@ -45,16 +72,16 @@ class UpdateHooks(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Here the backward pass and the optimizer update are done: the step's full training time.
-        if not outputs:  # a skipped step
-            return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - outputs["train_start"]
-        metrics = {"train/train_seconds": seconds,
-                   "train/train_tokens_per_s": outputs["train_tokens"] / max(seconds, 1e-9)}
-        if self.device.type == "cuda":  # the run's peak so far, to hold against the estimate printed at start
-            metrics["train/peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
-        self.log_dict(metrics, batch_size=1)
+        if outputs:  # not a skipped step
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - outputs["train_start"]
+            metrics = {"train/train_seconds": seconds,
+                       "train/train_tokens_per_s": outputs["train_tokens"] / max(seconds, 1e-9)}
+            if self.device.type == "cuda":  # the run's peak so far, to hold against the estimate printed at start
+                metrics["train/peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            self.record_step_metrics(metrics)
+        _write_row(self.trainer, self.last_step_metrics)
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """``train/grad_norm``: the L2 norm of the learner's accumulated gradient, before clipping."""
@@ -62,7 +89,7 @@ class UpdateHooks(L.LightningModule):
                  if p.grad is not None]
         if norms:
             total = torch.linalg.vector_norm(torch.stack([_full(n) for n in norms]))
-            self.log("train/grad_norm", total, batch_size=1)
+            self.record_step_metrics({"train/grad_norm": total})
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         """Nothing here: gradients are freed right after each update (:meth:`optimizer_step`). Lightning would zero
@@ -91,6 +118,20 @@ class UpdateHooks(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
+
+def _write_row(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    """``metrics`` as one row of every logger, numbered and thinned out as Lightning numbers and thins its own rows
+    (``trainer.log_every_n_steps``; a stopping run's last step always), so that they line up with the validation
+    rows Lightning writes."""
+    step = trainer.fit_loop.epoch_loop._batches_that_stepped  # Lightning's row number; it has no public accessor
+    every = trainer.log_every_n_steps
+    if not metrics or not every or ((step + 1) % every and not trainer.should_stop):
+        return
+    row = {**metrics, "epoch": trainer.current_epoch}
+    for logger in trainer.loggers:
+        logger.log_metrics(row, step=step)
+        logger.save()
 
 
 def _full(value: torch.Tensor) -> torch.Tensor:

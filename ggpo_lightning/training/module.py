@@ -9,7 +9,8 @@ One optimizer step (:meth:`GGPOModule.training_step`) reads top to bottom:
    :class:`~ggpo_lightning.core.objectives.ObjectiveInputs`;
 4. the configured objective's loss (the module never names an objective), plus the behavior anchor when on;
 5. the step's metrics (:func:`~ggpo_lightning.core.metrics.step_metrics` and the rollout's), reduced over ranks,
-   logged; a non-finite loss skips the step.
+   recorded (:meth:`~ggpo_lightning.training.hooks.UpdateHooks.record_step_metrics`; written to the loggers after
+   the update); a non-finite loss skips the step.
 
 After each update two schedules run (callbacks): the rollout source publishes the learner's weights to its engine
 every ``rollout.sync_every`` updates (staleness) and the reference becomes the learner every ``ref_refresh_every``
@@ -258,11 +259,9 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         if plan is not None:  # all micro-batches but the last back-propagated here, the last by Lightning
             loss = backward_micro_batches(self.learner, batch, plan, coefficients, self.logprob_chunk_size,
                                           lambda surrogate: self.trainer.strategy.backward(surrogate, None))
-        size = len(step.groups)
-        for name in ("loss", "reward", "staleness"):
-            self.log(f"train/{name}", metrics.pop(name), prog_bar=True, batch_size=size)
-        # a NaN here means "no such responses in this step" (e.g. logratio_correct without a correct one): left out
-        self.log_dict({f"train/{k}": v for k, v in metrics.items() if not torch.isnan(v)}, batch_size=size)
+        for name in ("loss", "reward", "staleness"):  # the progress bar's, and monitors' (e.g. ModelCheckpoint)
+            self.log(f"train/{name}", metrics[name], prog_bar=True, logger=False, batch_size=len(step.groups))
+        self.record_step_metrics({f"train/{k}": v for k, v in metrics.items()})  # to the loggers after the update
         # the step's clock and token count go to on_train_batch_end, which runs after the update
         return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
 
@@ -309,7 +308,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         return metrics
 
     def _skip_nan_step(self) -> None:
-        self.log("train/nan_steps", float(self.nan_guard.skip(self.trainer)), batch_size=1)
+        self.record_step_metrics({"train/nan_steps": float(self.nan_guard.skip(self.trainer))})
 
     # ------------------------------------------------------------------ schedules (called by the callbacks)
 

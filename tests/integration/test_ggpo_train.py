@@ -55,13 +55,25 @@ def test_a_run_writes_metrics_summary_and_a_loadable_model(tmp_path, tiny_model_
                  "token_log_ratio_mean", "token_log_ratio_max"):
         assert f"train/{name}" in columns, name
     assert "val/accuracy" in columns
-    assert {int(r["step"]) for r in rows if r["train/loss"]} == {0, 1, 2, 3}
+    updates = [r for r in rows if r["train/loss"]]
+    assert [int(r["step"]) for r in updates] == [0, 1, 2, 3]  # one row per update, with everything recorded in it
+    assert all(r["train/train_seconds"] and r["train/grad_norm"] and r["train/coverage_ess"] for r in updates)
+    assert [int(r["step"]) for r in rows if r["val/accuracy"]] == [1, 3]  # after updates 2 and 4, as Lightning numbers
 
     exported = Path(summary["final_model"])
     model = AutoModelForCausalLM.from_pretrained(exported)  # plain transformers, no ggpo code
     assert model.num_parameters() > 0
     assert load_tokenizer(exported)("1+2=")["input_ids"] == load_tokenizer(tiny_model_dir)("1+2=")["input_ids"]
     assert not [p for p in run_dir.rglob("*") if p.name.endswith((".tmp", ".partial"))]
+
+
+def test_log_every_n_steps_thins_the_update_rows(tmp_path, tiny_model_dir):
+    cli = train(tmp_path, tiny_model_dir, "--trainer.max_steps", "5", "--trainer.log_every_n_steps", "2",
+                "--trainer.val_check_interval", "5")
+    rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "metrics.csv")))
+    # every second update, as Lightning thins the rows it writes itself (checked against Lightning's self.log)
+    assert [int(r["step"]) for r in rows if r["train/loss"]] == [1, 3]
+    assert "train/grad_norm" in cli.model.last_step_metrics and set(cli.model.last_step_metrics) <= set(rows[0])
 
 
 def test_the_lora_quickstart_exports_an_adapter_and_a_merged_model(tmp_path, tiny_model_dir):

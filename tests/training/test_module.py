@@ -193,6 +193,7 @@ def test_non_finite_loss_is_skipped_counted_and_stops_after_a_streak(tiny_model_
     assert module.nan_guard.total == 3 and trainer.global_step == 3
     assert all(torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
     assert (tmp_path / "nan-stop.ckpt").is_file()
+    assert module.last_step_metrics == {"train/nan_steps": 3.0}  # a skipped step's row: the count, nothing else
 
 
 def test_an_unusable_gold_answer_fails_at_setup_naming_file_and_line(tiny_model_dir, tmp_path):
@@ -455,7 +456,7 @@ def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_mode
             for name in ("kl_behavior_k1", "kl_behavior_k3", "log_mass_ratio", "logratio_ref_on_behavior",
                          "coverage_log_ratio_max", "coverage_log_ratio_p95", "coverage_ess_share",
                          "token_log_ratio_max"):
-                logged.setdefault(name, []).append(float(trainer.logged_metrics[f"train/{name}"]))
+                logged.setdefault(name, []).append(pl_module.last_step_metrics[f"train/{name}"])
 
     fit(make_module(tiny_model_dir), make_data(data_dir), steps=3, callbacks=[Recorder()])
     assert all(abs(v) < 1e-4 for v in logged["kl_behavior_k1"] + logged["kl_behavior_k3"] + logged["log_mass_ratio"])
