@@ -111,3 +111,48 @@ def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():
     assert set(ways) == {"sample only", "recorded", "scored"}
     gap = float(re.search(r"max \|recorded - scored\| log-prob: ([\d.e+-]+)", stdout).group(1))
     assert gap < 1e-4  # fp32: the recorded behavior log-probs are the scoring forward's
+
+
+def _stack(*frames: str) -> list[str]:
+    loop = ["<module> (ggpo_worker.py:131)", "_TrainingEpochLoop.advance (lightning/pytorch/loops/training_epoch_loop.py:352)"]
+    return loop + list(frames)
+
+
+def test_step_profile_classifies_samples_by_phase_and_leaf():
+    sys.path.insert(0, str(BENCHMARKS))
+    from step_profile import classify
+
+    step = ["Adam.step (torch/optim/adam.py:227)", "GGPOModule.training_step (ggpo_lightning/training/module.py:250)"]
+    learner = step + ["batch_token_logprobs (ggpo_lightning/core/batch.py:98)", "LlamaMLP.forward (x.py:1)"]
+    assert classify(_stack(*learner, "mkl_blas_avx512_sgemm_kernel_0_b0 (libtorch_cpu.so)")) == ("learner_forward",
+                                                                                                 "matmul")
+    reference = step + ["GGPOModule.step_loss (ggpo_lightning/training/module.py:290)",
+                        "ReferenceLogprobCache.token_logprobs (ggpo_lightning/core/batch.py:155)",
+                        "batch_token_logprobs (ggpo_lightning/core/batch.py:98)", "LlamaRMSNorm.forward (x.py:1)"]
+    assert classify(_stack(*reference, "at::TensorIteratorBase::serial_for_each (libtorch_cpu.so)")) == (
+        "reference_forward", "kernel")
+    assert classify(_stack(*reference, "torch::PythonArgParser::raw_parse (libtorch_python.so)")) == (
+        "reference_forward", "python")
+    assert classify(_stack(*step)) == ("loss_and_metrics", "python")  # executing Python: no native frame below
+    assert classify(_stack("Adam.step (torch/optim/adam.py:227)", "_fused_adamw_kernel_cpu_ (libtorch_cpu.so)",
+                           "at::native::fused_adam_kernel (libtorch_cpu.so)")) == ("optimizer", "kernel")
+    assert classify(_stack("_decode (ggpo_lightning/rollouts/hf_engine.py:260)")) == ("generate", "python")
+    assert classify(["<module> (ggpo_worker.py:131)", "heldout_accuracy (ggpo_lightning/evaluation/accuracy.py:4)"]) is None
+
+
+@pytest.mark.skipif(not PEER_BENCH.is_dir(), reason="the peer benchmark (shared/peer-bench) sits beside the checkout")
+def test_step_profile_samples_a_worker_run(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    from vs_trl import build_artifacts
+
+    build_artifacts(PEER_BENCH, tmp_path, ["tiny"], sft_steps=0)
+    out = tmp_path / "profile.json"
+    stdout = run_script("step_profile.py", "--artifacts", str(tmp_path / "tiny"), "--steps", "6", "--rate", "200",
+                        "--out", str(out))
+    summary = json.loads(out.read_text())
+    shares = summary["shares"]
+    assert summary["samples"] > 50 and sum(sum(row.values()) for row in shares.values()) == pytest.approx(1.0)
+    for phase in ("generate", "learner_forward", "reference_forward", "backward"):  # each one sampled
+        assert sum(shares.get(phase, {}).values()) > 0, (phase, shares)
+    assert summary["totals"]["matmul"] > 0 and summary["totals"]["python"] > 0
+    assert re.search(r"^all\s+\d", stdout, re.M)
