@@ -29,9 +29,9 @@ class UpdateHooks(L.LightningModule):
     ~0.2 ms per metric and call on CPU, 10 ms for a step's ~45 metrics (``docs/PERFORMANCE.md``). A training step
     that returns ``train_start`` (its clock) and ``train_tokens`` gets ``train/train_seconds`` and
     ``train/train_tokens_per_s`` recorded after the update (on a GPU also ``train/peak_memory_gb``,
-    ``torch.cuda.max_memory_allocated``), with ``train/grad_norm``. The subclass sets ``optimizer_factory``
-    (learner parameters -> optimizer), ``lr_schedule`` (a :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or
-    None) and ``policy``."""
+    ``torch.cuda.max_memory_allocated``), with ``train/grad_norm`` (:meth:`configure_gradient_clipping`). The subclass
+    sets ``optimizer_factory`` (learner parameters -> optimizer), ``lr_schedule`` (a
+    :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
 
     last_step_metrics: dict[str, float]
     """The latest training step's metrics as written to the loggers (``train/...`` keys, floats), for callbacks;
@@ -83,14 +83,6 @@ class UpdateHooks(L.LightningModule):
             self.record_step_metrics(metrics)
         _write_row(self.trainer, self.last_step_metrics)
 
-    def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """``train/grad_norm``: the L2 norm of the learner's accumulated gradient, before clipping."""
-        norms = [torch.linalg.vector_norm(p.grad) for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None]
-        if norms:
-            total = torch.linalg.vector_norm(torch.stack([_full(n) for n in norms]))
-            self.record_step_metrics({"train/grad_norm": total})
-
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
         """Nothing here: gradients are freed right after each update (:meth:`optimizer_step`). Lightning would zero
         them between the training step and its backward, where a micro-batched step has already accumulated all
@@ -104,20 +96,27 @@ class UpdateHooks(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
-        """Lightning's clipping; under bf16 mixed precision also with a fused optimizer (``fused=True``).
+        """Records ``train/grad_norm``, the L2 norm of the learner's accumulated gradient before clipping, and clips
+        by norm with that same total (one pass over the gradients for both); clipping by value is Lightning's.
 
-        Lightning refuses to clip for optimizers that unscale gradients themselves whenever
-        mixed precision is on, because fp16's loss scaler would have it clip scaled
-        gradients. bf16 has no scaler: the gradients are the true ones, clipped here directly.
+        Also under bf16 mixed precision with a fused optimizer (``fused=True``): Lightning refuses to clip for
+        optimizers that unscale gradients themselves whenever mixed precision is on, because fp16's loss scaler
+        would have it clip scaled gradients. bf16 has no scaler: the gradients are the true ones, clipped here
+        directly. Under fp16 (a scaler) everything but the norm goes to Lightning, which refuses as it should.
         """
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:  # a skipped step: nothing was back-propagated
+            return
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])  # a DTensor under FSDP2
+        self.record_step_metrics({"train/grad_norm": _full(total)})
         fused = getattr(optimizer, "_step_supports_amp_scaling", False)
-        if not (gradient_clip_val and fused and getattr(self.trainer.precision_plugin, "scaler", None) is None):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if not gradient_clip_val or scaler is not None or (gradient_clip_algorithm == "value" and not fused):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
         else:
-            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, total)
 
 
 def _write_row(trainer: L.Trainer, metrics: dict[str, float]) -> None:

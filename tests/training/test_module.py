@@ -285,20 +285,32 @@ def test_a_bf16_reference_gives_the_kl_term_of_an_fp32_one_under_autocast(tiny_m
     torch.testing.assert_close(kl_bf16, kl_fp32, rtol=0, atol=0.05)
 
 
-def test_bf16_with_a_fused_optimizer_clips_gradients(tiny_model_dir, data_dir):
+@pytest.mark.parametrize("precision,fused,algorithm", [("bf16-mixed", True, "norm"), ("bf16-mixed", True, "value"),
+                                                       ("32-true", False, "norm"), ("32-true", False, "value")])
+def test_gradients_are_clipped_and_their_norm_recorded_before_clipping(tiny_model_dir, data_dir, precision, fused,
+                                                                        algorithm):
     # Lightning alone refuses gradient clipping for fused optimizers under mixed precision (fp16's scaler)
-    norms = []
+    before, after, recorded = [], [], []
+
+    def norm(module, order):
+        grads = [p.grad.flatten() for p in module.learner.parameters() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.cat(grads), ord=order)
 
     class Recording(GGPOModule):
         def configure_gradient_clipping(self, optimizer, *args, **kwargs):
+            before.append(norm(self, 2))
             super().configure_gradient_clipping(optimizer, *args, **kwargs)
-            grads = [p.grad.norm() for p in self.learner.parameters() if p.grad is not None]
-            norms.append(torch.linalg.vector_norm(torch.stack(grads)))
+            after.append(norm(self, 2 if algorithm == "norm" else float("inf")))
+            recorded.append(self.last_step_metrics["train/grad_norm"])
 
-    module = make_module(tiny_model_dir, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True))
+    module = make_module(tiny_model_dir, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=fused))
     module.__class__ = Recording
-    trainer = fit(module, make_data(data_dir), steps=2, precision="bf16-mixed", gradient_clip_val=1e-3)
-    assert trainer.global_step == 2 and len(norms) == 2 and all(n <= 1e-3 * (1 + 1e-3) for n in norms)
+    trainer = fit(module, make_data(data_dir), steps=2, precision=precision, gradient_clip_val=1e-6,
+                  gradient_clip_algorithm=algorithm)
+    assert trainer.global_step == 2 and len(after) == 2 and all(n <= 1e-6 * (1 + 1e-3) for n in after)
+    assert max(before) > 1e-5  # clipping had work to do (a step whose rewards are all equal has no gradient)
+    torch.testing.assert_close(torch.tensor(recorded, dtype=torch.float64), torch.stack(before).double(), rtol=1e-5,
+                               atol=1e-9)
 
 
 @pytest.mark.parametrize("objective", ["ggpo", "grpo"])
