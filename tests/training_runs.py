@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import lightning as L
 import torch
 
@@ -26,7 +28,7 @@ def fit(module, datamodule, steps, callbacks=(), tmp_path=None, **trainer_kwargs
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                         limit_val_batches=0, callbacks=list(callbacks),
-                        default_root_dir=tmp_path, **trainer_kwargs)
+                        default_root_dir=tmp_path or tempfile.mkdtemp(prefix="ggpo-test-"), **trainer_kwargs)
     trainer.fit(module, datamodule=datamodule)
     return trainer
 
