@@ -44,15 +44,16 @@ class UpdateHooks(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.last_step_metrics = {}
 
-    def record_step_metrics(self, metrics: dict[str, torch.Tensor | float]) -> None:
-        """Adds scalar ``metrics`` to :attr:`last_step_metrics`, the tensors with one device-to-host copy; NaN values
-        (a mean over no responses, e.g. ``logratio_correct`` without a correct one) are left out of the row."""
+    def record_step_metrics(self, metrics: dict[str, torch.Tensor | float], nan_means_none: bool = False) -> None:
+        """Adds scalar ``metrics`` to :attr:`last_step_metrics`, the tensors with one device-to-host copy. With
+        ``nan_means_none`` a NaN value is left out of the row (a mean over no responses, e.g. ``logratio_correct``
+        without a correct one); otherwise it is recorded as it is."""
         tensors = {n: v for n, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = {n: float(v) for n, v in metrics.items() if n not in tensors}
         if tensors:
             stacked = torch.stack([v.detach().to(self.device, torch.float64).reshape(()) for v in tensors.values()])
             values.update(zip(tensors, stacked.tolist()))
-        self.last_step_metrics.update((n, v) for n, v in values.items() if not math.isnan(v))
+        self.last_step_metrics.update((n, v) for n, v in values.items() if not (nan_means_none and math.isnan(v)))
 
     def configure_optimizers(self) -> Any:
         """The optimizer over the learner's trainable parameters; with ``model.lr_scheduler``, its schedule

@@ -261,7 +261,8 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
                                           lambda surrogate: self.trainer.strategy.backward(surrogate, None))
         for name in ("loss", "reward", "staleness"):  # the progress bar's, and monitors' (e.g. ModelCheckpoint)
             self.log(f"train/{name}", metrics[name], prog_bar=True, logger=False, batch_size=len(step.groups))
-        self.record_step_metrics({f"train/{k}": v for k, v in metrics.items()})  # to the loggers after the update
+        # to the loggers after the update; a NaN here means "no such responses in this step": left out
+        self.record_step_metrics({f"train/{k}": v for k, v in metrics.items()}, nan_means_none=True)
         # the step's clock and token count go to on_train_batch_end, which runs after the update
         return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
 
