@@ -188,3 +188,30 @@ def test_ggpo_train_help_runs_as_a_program():
     for flag in ("--config", "--print_config", "--model.objective", "--model.eval", "--data.train_path",
                  "--ckpt_path"):
         assert flag in out.stdout
+
+
+EXPERIMENTS = RECIPES.parent / "experiments"
+
+
+@pytest.mark.parametrize("grid_file", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_experiment_grid_gives_runs_that_parse(grid_file, capsys):
+    """Each axis value of every grid in experiments/ appears in at least one run checked with --print_config, so a
+    renamed or mistyped key fails here, not hours into a sweep."""
+    from ggpo_lightning.lab.sweep import _argv, load_grid
+
+    grid = load_grid(grid_file)
+    covered, checked = set(), 0
+    for run in grid.runs:
+        values = {(axis, value) for axis, value in run.labels.items() if axis != "seed"}
+        if values <= covered:
+            continue
+        covered |= values
+        argv = _argv(grid, run)
+        config = print_config(capsys, grid.base, extra=tuple(argv[argv.index(str(grid.base)) + 1:]))
+        checked += 1
+        for key, value in run.overrides.items():  # each override reached the parsed configuration
+            node = config
+            for part in key.split("."):
+                node = node[part]
+            assert node == value or str(node) == str(value), (key, node, value)
+    assert checked >= 1
