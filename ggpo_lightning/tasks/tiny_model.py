@@ -19,6 +19,7 @@ the custom vocabulary.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -393,8 +394,9 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
         FileExistsError: ``path`` exists but is not a tiny model folder.
     """
     path = Path(path)
-    if not path.exists():
-        return build_tiny_model(path, config)
+    with _build_lock(path):  # runs started together (a sweep's shards) build it once; the others wait, then reuse
+        if not path.exists():
+            return build_tiny_model(path, config)
     record_path = path / TINY_MODEL_RECORD
     if not record_path.is_file():
         raise FileExistsError(f"{path} exists but has no {TINY_MODEL_RECORD}, so it is not a tiny model "
@@ -411,6 +413,23 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
                          f"another path")
     print(f"[tiny-model] reusing {path}", flush=True)
     return path
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """An exclusive ``flock`` on ``.<name>.build.lock`` beside ``path`` while it is checked and built (the kernel
+    releases it however the holder exits, so a stale lock file never blocks)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.build.lock"), "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[tiny-model] another process is building {path}: waiting for it", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _as_json(config: TinyModelConfig) -> dict[str, Any]:

@@ -161,6 +161,25 @@ def test_ensure_reuses_a_matching_folder_without_rebuilding(built, monkeypatch):
     assert {p.name: p.stat().st_mtime_ns for p in path.iterdir()} == stamps
 
 
+def _ensure_in_a_process(path: str, config: TinyModelConfig) -> str:
+    return str(ensure_tiny_model(path, config))
+
+
+def test_runs_started_together_build_the_model_once_and_both_use_it(tmp_path: Path, capfd):
+    """Two processes (a sweep's shards) ensure the same missing model at once: one builds, the other waits on the
+    build lock and reuses it; neither fails on the other's folder."""
+    import multiprocessing
+
+    config = TinyModelConfig(**{**TINY.__dict__, "sft_steps": 20})
+    path = str(tmp_path / "model")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.starmap(_ensure_in_a_process, [(path, config), (path, config)])
+    assert results == [path, path]
+    out = capfd.readouterr().out
+    assert out.count("warm-up took") == 1 and "reusing" in out  # built once, reused once
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
 def test_ensure_raises_on_a_config_mismatch_naming_the_fields(built):
     path, _ = built
     other = TinyModelConfig(**{**TINY.__dict__, "hidden_size": 64, "task": ArithmeticTask(ops="+-")})
