@@ -26,7 +26,7 @@ solution: a few short steps of text and LaTeX, one a line, ending in ``The final
 
 The steps follow the computation (products first, then sums left to right through the common denominator;
 moving terms and dividing; powers, terms and their sum; Euclid's division and remainders; one digit column at a
-time, units first, then the written digits read back) and are computed from the
+time, units first, the answer read back from the written digits) and are computed from the
 drawn numbers without drawing more, so the problems are the same with or without them. Under the reasoning
 tokenizer (:func:`~ggpo_lightning.tasks.tiny_model.build_reasoning_tokenizer`; prompts through the paper's template,
 :data:`~ggpo_lightning.records.prompts.PAPER_TEMPLATE`) a solution plus ``<eos>`` is 40 to 150 tokens in every cell
@@ -242,15 +242,14 @@ _COLUMNS = ("Units", "Tens", "Hundreds", "Thousands")
 def _column_steps(top: int, bottom: int, op: str) -> list[str]:
     """Column addition (``op`` ``"+"``) or subtraction (``"-"``, ``top >= bottom``) of two numbers of as many
     digits, units first, one line a column: the digits with the carry (``+ 1``) or borrow (``- 1``) coming in, the
-    digit written and the carry or borrow going out; the last sum is written whole. Then the written digits read
-    back, leading zeros dropped::
+    digit written and the carry or borrow going out; the last sum is written whole. The answer is the written digits
+    read back, last first, leading zeros dropped (``85`` here)::
 
         Units: $7 + 8 = 15$, write $5$, carry $1$.
         Tens: $4 + 3 + 1 = 8$, write $8$.
-        So $47 + 38 = 85$.
     """
     digits = list(zip(map(int, reversed(str(top))), map(int, reversed(str(bottom)))))  # (top, bottom), units first
-    steps, written, incoming = [], [], 0  # incoming: the carry or borrow from the column before
+    steps, incoming = [], 0  # incoming: the carry or borrow from the column before
     for i, (x, y) in enumerate(digits):
         shown = f"{x} {op} {y}" + (" + 1" if incoming and op == "+" else "")
         if op == "+":
@@ -266,8 +265,7 @@ def _column_steps(top: int, bottom: int, op: str) -> list[str]:
             step = (f"${shown}$ borrows: ${top_digit + 10} - {y} = {digit}$" if incoming
                     else f"${shown} = {digit}$") + f", write ${digit}$"
         steps.append(f"{_COLUMNS[i]}: {step}.")
-        written.append(str(digit))
-    return steps + [f"So ${top} {op} {bottom} = {int(''.join(reversed(written)))}$."]
+    return steps
 
 
 def _columns(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
