@@ -34,7 +34,7 @@ def data_group() -> None:
               help="Directory for train.jsonl, test.jsonl and the parameter record task.json.")
 @click.option("--families", default=None, callback=_csv,
               help="Comma-separated problem families (default: all of "
-                   "arithmetic, fractions, linear, polynomial, gcd).")
+                   "arithmetic, fractions, linear, polynomial, gcd, columns).")
 @click.option("--levels", default="1,2,3", show_default=True, callback=_csv,
               help="Comma-separated difficulty levels from 1 to 3.")
 @click.option("--n-train", type=click.IntRange(min=1), default=2000, show_default=True,

@@ -13,6 +13,9 @@ level):
 * ``linear``: solve ``a x + b = c`` (level 3: ``a x + b = c x + d``) for ``x``.
 * ``polynomial``: evaluate a quadratic or cubic at an integer (level 3: a fraction).
 * ``gcd``: greatest common divisor of two numbers (level 3: of three).
+* ``columns``: ``a + b`` or ``a - b`` (``a >= b``) of two 2-, 3- or 4-digit numbers (levels 1, 2, 3), worked column
+  by column: each step is one digit's sum or difference with its carry or borrow, so the length of the solution, not
+  any one step, carries the computation.
 
 With ``SynthMathConfig(solutions=True)`` (``ggpo data synth --solutions``) a row also carries ``solution``, a worked
 solution: a few short steps of text and LaTeX, one a line, ending in ``The final answer is $\boxed{answer}$.``
@@ -22,11 +25,12 @@ solution: a few short steps of text and LaTeX, one a line, ending in ``The final
     The final answer is $\boxed{\frac{5}{6}}$.
 
 The steps follow the computation (products first, then sums left to right through the common denominator;
-moving terms and dividing; powers, terms and their sum; Euclid's division and remainders) and are computed from the
+moving terms and dividing; powers, terms and their sum; Euclid's division and remainders; one digit column at a
+time, units first, the answer read back from the written digits) and are computed from the
 drawn numbers without drawing more, so the problems are the same with or without them. Under the reasoning
 tokenizer (:func:`~ggpo_lightning.tasks.tiny_model.build_reasoning_tokenizer`; prompts through the paper's template,
 :data:`~ggpo_lightning.records.prompts.PAPER_TEMPLATE`) a solution plus ``<eos>`` is 40 to 150 tokens in every cell
-but ``fractions`` and ``polynomial`` level 3 (about 110 to 210: the long end of a length sweep).
+but ``fractions``, ``polynomial`` and ``columns`` level 3 (about 110 to 210: the long end of a length sweep).
 
 ``SynthMathTask`` (families and levels only) is the reasoning recipe's task (``recipes/reasoning-cpu.yaml``,
 ``synthetic_data.task``): it writes the splits with worked solutions, and its ``problems`` stream is what the recipe's
@@ -62,7 +66,7 @@ __all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "SynthMathTask", "generate_s
 LEVELS = (1, 2, 3)
 # Bump when the rows generated for given parameters change: splits recorded with another
 # version are then reported as stale instead of silently reused.
-_GENERATOR_VERSION = 1
+_GENERATOR_VERSION = 2  # 2: the columns family (the default families' splits are shared over more cells)
 # A cell gives up after this many draws in a row that repeat a prompt already taken:
 # its problem space is (nearly) exhausted for the requested number of rows.
 _MAX_REPEATS = 2000
@@ -232,12 +236,54 @@ def _gcd(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     return f"What is the greatest common divisor of {listed}?", gcd(*numbers), steps
 
 
+_COLUMNS = ("Units", "Tens", "Hundreds", "Thousands")
+
+
+def _column_steps(top: int, bottom: int, op: str) -> list[str]:
+    """Column addition (``op`` ``"+"``) or subtraction (``"-"``, ``top >= bottom``) of two numbers of as many
+    digits, units first, one line a column: the digits with the carry (``+ 1``) or borrow (``- 1``) coming in, the
+    digit written and the carry or borrow going out; the last sum is written whole. The answer is the written digits
+    read back, last first, leading zeros dropped (``85`` here)::
+
+        Units: $7 + 8 = 15$, write $5$, carry $1$.
+        Tens: $4 + 3 + 1 = 8$, write $8$.
+    """
+    digits = list(zip(map(int, reversed(str(top))), map(int, reversed(str(bottom)))))  # (top, bottom), units first
+    steps, incoming = [], 0  # incoming: the carry or borrow from the column before
+    for i, (x, y) in enumerate(digits):
+        shown = f"{x} {op} {y}" + (" + 1" if incoming and op == "+" else "")
+        if op == "+":
+            total = x + y + incoming
+            last = i == len(digits) - 1
+            digit, incoming = (total, 0) if last else divmod(total, 10)[::-1]
+            step = f"${shown} = {total}$, write ${digit}$" + (", carry $1$" if incoming else "")
+        else:
+            shown = f"{x} - 1 - {y}" if incoming else shown
+            top_digit = x - incoming  # what is left of the top digit after the borrow going to the column before
+            incoming = int(top_digit < y)
+            digit = top_digit + 10 * incoming - y
+            step = (f"${shown}$ borrows: ${top_digit + 10} - {y} = {digit}$" if incoming
+                    else f"${shown} = {digit}$") + f", write ${digit}$"
+        steps.append(f"{_COLUMNS[i]}: {step}.")
+    return steps
+
+
+def _columns(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
+    low, high = 10**level, 10 ** (level + 1) - 1  # level + 1 digits
+    top, bottom, op = rng.randint(low, high), rng.randint(low, high), rng.choice("+-")
+    if op == "-" and top < bottom:  # a difference >= 0: the columns borrow from a larger top
+        top, bottom = bottom, top
+    value = top + bottom if op == "+" else top - bottom
+    return f"Compute ${top} {op} {bottom}$ column by column.", value, _column_steps(top, bottom, op)
+
+
 FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, Value, list[str]]]] = {
     "arithmetic": _arithmetic,
     "fractions": _fractions,
     "linear": _linear,
     "polynomial": _polynomial,
     "gcd": _gcd,
+    "columns": _columns,
 }
 """Problem families by name: each maps ``(rng, level)`` to ``(problem text, exact answer, worked steps)``; the steps
 are computed from the drawn numbers and draw nothing (the problems do not depend on whether solutions are asked)."""

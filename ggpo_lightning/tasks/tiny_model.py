@@ -58,15 +58,17 @@ WORDS = ("answer", "is", "what", "the", "sum", "of", "and", "plus", "minus", "ti
 # every word of its prompts and solutions, so nothing of it is <unk>
 REASONING_SYMBOLS = SYMBOLS + tuple("$\\^{}")
 REASONING_WORDS = (
-    "Compute", "Divide", "Euclid", "Give", "Let", "Move", "Multiply", "Over", "Please", "Reduce", "Solve", "The",
-    "Their", "We", "What", "With", "a", "add", "an", "and", "answer", "as", "boxed", "by", "comes", "common",
-    "divisor", "final", "first", "for", "frac", "fraction", "from", "give", "greatest", "integer", "is", "left",
-    "numbers", "of", "or", "p", "powers", "product", "put", "reason", "reduced", "remainders", "right", "so", "step",
-    "subtract", "sum", "terms", "the", "their", "then", "times", "to", "with", "within", "x", "your")
+    "Compute", "Divide", "Euclid", "Give", "Hundreds", "Let", "Move", "Multiply", "Over", "Please", "Reduce", "So",
+    "Solve", "Tens", "The", "Their", "Thousands", "Units", "We", "What", "With", "a", "add", "an", "and", "answer",
+    "as", "borrows", "boxed", "by", "carry", "column", "comes", "common", "divisor", "final", "first", "for",
+    "frac", "fraction", "from", "give", "greatest", "integer", "is", "left", "numbers", "of", "or", "p", "powers",
+    "product", "put", "reason", "reduced", "remainders", "right", "so", "step", "subtract", "sum", "terms", "the",
+    "their", "then", "times", "to", "with", "within", "write", "x", "your")
 TINY_MODEL_RECORD = "tiny_model.json"
-# Bump when the same config builds different weights (2: cosine learning-rate schedule), so
+# Bump when the same config builds different weights (2: cosine learning-rate schedule; 3: the reasoning
+# tokenizer's words of the columns family), so
 # that ensure_tiny_model rejects folders built by older code instead of silently reusing them.
-_BUILD_VERSION = 2
+_BUILD_VERSION = 3
 _EVAL_PROBLEMS = 128
 # Response length of the warm-up's accuracy checks: an arithmetic answer; a worked solution (the reasoning recipe's
 # model.rollout.sampling.max_new_tokens, so the warm-up's target is the RL run's starting point)

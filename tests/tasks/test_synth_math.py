@@ -122,11 +122,15 @@ def test_answers_are_the_values_of_the_problems():
         elif row["family"] == "arithmetic" and row["level"] == 1:
             a, op, b = re.fullmatch(r"Compute \$(\d+) ([+-]) (\d+)\$\.", problem).groups()
             assert answer == (int(a) + int(b) if op == "+" else int(a) - int(b))
+        elif row["family"] == "columns":
+            a, op, b = re.fullmatch(r"Compute \$(\d+) ([+-]) (\d+)\$ column by column\.", problem).groups()
+            assert len(a) == len(b) == row["level"] + 1
+            assert answer == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
         else:
             continue
         checked.add((row["family"], row["level"]))
     assert checked == {("gcd", 1), ("gcd", 2), ("gcd", 3), ("linear", 1), ("linear", 2), ("fractions", 1),
-                       ("arithmetic", 1)}
+                       ("arithmetic", 1), ("columns", 1), ("columns", 2), ("columns", 3)}
 
 
 def test_same_seed_gives_identical_files_and_another_seed_other_problems(tmp_path: Path):
@@ -183,7 +187,7 @@ def test_a_cell_that_runs_out_of_problems_is_an_error(tmp_path: Path):
     ("kwargs", "message"),
     [
         ({"families": ("arithmetic", "topology")}, r"SynthMathConfig.families: unknown 'topology'; valid families: "
-                                                   r"arithmetic, fractions, linear, polynomial, gcd"),
+                                                   r"arithmetic, fractions, linear, polynomial, gcd, columns"),
         ({"families": "linear"}, r"SynthMathConfig.families must be a non-empty tuple"),
         ({"families": ()}, r"SynthMathConfig.families must be a non-empty tuple"),
         ({"levels": (0, 1)}, r"SynthMathConfig.levels: unknown 0; valid levels: 1, 2, 3"),
@@ -267,7 +271,7 @@ def test_cli_reports_a_conflicting_out_directory(tmp_path: Path):
 
 # solution tokens under the reasoning tokenizer, per cell: most fit a 40-150-token response; these two run longer
 # (a length sweep's long end: fractions of three terms, a cubic at a fraction)
-LONG_CELLS = {("fractions", 3): (100, 250), ("polynomial", 3): (100, 250)}
+LONG_CELLS = {("fractions", 3): (100, 250), ("polynomial", 3): (100, 250), ("columns", 3): (100, 250)}
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +302,7 @@ def test_worked_solutions_end_in_the_gold_box_and_the_math_verifier_accepts_them
 
 
 def test_worked_solution_steps_by_hand():
-    from ggpo_lightning.tasks.synth_math import _euclid, _evaluation_steps, _pair_step
+    from ggpo_lightning.tasks.synth_math import _column_steps, _euclid, _evaluation_steps, _pair_step
 
     assert _pair_step(sympy.Rational(1, 2), "+", sympy.Rational(1, 3), fractions=True) == \
         "Over $6$: $\\frac{3}{6} + \\frac{2}{6} = \\frac{5}{6}$."
@@ -306,6 +310,13 @@ def test_worked_solution_steps_by_hand():
         "Multiply: $\\frac{2}{3} \\times \\frac{3}{4} = \\frac{6}{12} = \\frac{1}{2}$."
     assert _evaluation_steps([2, 3, 4], ["+", "*"], fractions=False) == ["$3 \\times 4 = 12$.", "$2 + 12 = 14$."]
     assert _euclid(365, 219) == "$365 = 1 \\times 219 + 146$, then the remainders $73, 0$"
+    assert _column_steps(47, 38, "+") == ["Units: $7 + 8 = 15$, write $5$, carry $1$.",
+                                          "Tens: $4 + 3 + 1 = 8$, write $8$."]
+    assert _column_steps(95, 87, "+") == ["Units: $5 + 7 = 12$, write $2$, carry $1$.",
+                                          "Tens: $9 + 8 + 1 = 18$, write $18$."]
+    assert _column_steps(503, 497, "-") == ["Units: $3 - 7$ borrows: $13 - 7 = 6$, write $6$.",
+                                            "Tens: $0 - 1 - 9$ borrows: $9 - 9 = 0$, write $0$.",
+                                            "Hundreds: $5 - 1 - 4 = 0$, write $0$."]
 
 
 def test_worked_solutions_fit_the_reasoning_tokenizer(worked: list[dict]):
