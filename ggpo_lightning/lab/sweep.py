@@ -14,6 +14,9 @@ A grid file (YAML) names a base recipe, the axes, the seeds and where runs go::
         sync1: {model.rollout.sync_every: 1}
         offline: {data.mode: offline}
 
+A string value may hold ``{seed}``, replaced by the run's seed: e.g. a tiny model and warm-up of its own per
+seed (``model.model_name_or_path: runs/grid/tiny-model-seed{seed}``, ``tiny_model.seed: "{seed}"``).
+
 Each run is ``ggpo-train --config BASE --<key> <value> ... --seed_everything SEED`` in a
 subprocess, logged to ``OUT/<objective>-<setting>-seed<SEED>/`` (axis values in axis
 order) with ``grid_run.json`` holding its labels and ``train.log`` its output. A run
@@ -104,9 +107,19 @@ def load_grid(path: str | Path) -> Grid:
             overrides = dict(common)
             for _, values in combo:
                 overrides.update(values)
+            overrides = {key: _with_seed(value, seed) for key, value in overrides.items()}
             name = "-".join(labels.values()) + f"-seed{seed}"
             runs.append(GridRun(name, {**labels, "seed": seed}, overrides))
     return Grid(base=base, out=Path(spec["out"]), runs=runs)
+
+
+def _with_seed(value: Any, seed: int) -> Any:
+    """``value`` with ``{seed}`` replaced by ``seed`` in strings, also inside lists; other values as they are."""
+    if isinstance(value, str):
+        return value.replace("{seed}", str(seed))
+    if isinstance(value, list):
+        return [_with_seed(item, seed) for item in value]
+    return value
 
 
 def _argv(grid: Grid, run: GridRun) -> list[str]:

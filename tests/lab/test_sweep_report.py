@@ -47,6 +47,15 @@ def test_grid_expands_axes_times_seeds(tmp_path, tiny_model_dir):
     assert grid.runs[2].overrides["trainer.max_steps"] == 3  # grid-wide overrides apply to every run
 
 
+def test_seed_placeholders_give_each_seed_its_own_values(tmp_path, tiny_model_dir):
+    axes = {"objective": {"ggpo": {"model.objective.name": "ggpo", "tiny_model.seed": "{seed}"}},
+            "setting": {"sync2": {"model.model_name_or_path": "runs/g/tiny-seed{seed}", "x.levels": ["{seed}", 2]}}}
+    grid = load_grid(write_grid(tmp_path, tiny_model_dir, seeds=[0, 3], axes=axes))
+    assert [r.overrides["model.model_name_or_path"] for r in grid.runs] == ["runs/g/tiny-seed0", "runs/g/tiny-seed3"]
+    assert [r.overrides["tiny_model.seed"] for r in grid.runs] == ["0", "3"]
+    assert grid.runs[1].overrides["x.levels"] == ["3", 2] and grid.runs[1].overrides["trainer.max_steps"] == 3
+
+
 def test_shards_split_a_grid_into_disjoint_runs(tmp_path, tiny_model_dir):
     grid_file = write_grid(tmp_path, tiny_model_dir, seeds=[0, 1, 2])
     planned = [CliRunner().invoke(main, ["sweep", str(grid_file), "--dry-run", "--shard", f"{i}/2"]) for i in (1, 2)]
