@@ -419,19 +419,19 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):
-    """An exclusive ``flock`` on ``.<name>.build.lock`` beside ``path`` while it is checked and built (the kernel
-    releases it however the holder exits, so a stale lock file never blocks)."""
+    """An exclusive ``flock`` on the folder that holds ``path`` while ``path`` is checked and built: no lock file is
+    left behind, the kernel releases the lock however the holder exits, and builds into one folder take turns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.build.lock"), "a+", encoding="utf-8") as handle:
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"[tiny-model] another process is building {path}: waiting for it", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            print(f"[tiny-model] another process is building in {path.parent}: waiting for it", flush=True)
+            fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # releases the lock
 
 
 def _as_json(config: TinyModelConfig) -> dict[str, Any]:
