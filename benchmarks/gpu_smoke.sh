@@ -65,6 +65,8 @@ VLLM_DEVICE=${VLLM_DEVICE:-}
 MODE=${MODE:-sync}
 PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-16}
 WORK=${WORK:-$(mktemp -d /tmp/ggpo-gpu-smoke.XXXXXX)}
+mkdir -p "$WORK"
+EXTRA=${EXTRA:-}  # more ggpo-train arguments, split on spaces (e.g. EXTRA="--model.rollout.dtype bfloat16")
 echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE ($PLACEMENT${VLLM_DEVICE:+ on GPU $VLLM_DEVICE})," \
      "$MODE rollouts, ${HIDDEN}x${LAYERS} model, $STEPS steps, <= $MAX_NEW_TOKENS new tokens, work dir $WORK"
 
@@ -98,7 +100,7 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2pr
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
     --synthetic_data.seed 0 \
     --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE" "${engine_args[@]}" \
-    ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"} \
+    ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"} $EXTRA \
     2>&1 | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 set -e

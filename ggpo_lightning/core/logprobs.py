@@ -7,7 +7,10 @@ of the token at position ``p`` comes from the logits at ``p - 1``.
 Only response positions go through the output head, in chunks of ``chunk_size``
 tokens, each chunk under activation checkpointing when gradients are on. So neither
 the forward nor the backward holds the full fp32 ``[B, L, V]`` logits: the peak is
-``chunk_size x V`` floats, whatever the batch and vocabulary.
+``chunk_size x V`` floats, whatever the batch and vocabulary. No forward keeps a key-value
+cache (``use_cache=False``): transformers' default builds one, which in a no-gradient forward
+(reference, the first pass of a micro-batched step) holds every layer's keys and values until the
+forward returns.
 
 The shared-prefix layout (:func:`pack_groups`, :func:`packed_token_logprobs`) computes the
 same log-probs with less work: the K responses of a prompt group share one copy of the
@@ -138,12 +141,12 @@ def chunked_packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_
     parts = _decoder_and_head(model)
     if parts is None:
         with _float32_attention_on_cpu(model):
-            logits = model(**inputs).logits  # [R, W, V]
+            logits = model(**inputs, use_cache=False).logits  # [R, W, V]
         logits = logits.reshape(-1, logits.shape[-1])[packed.context]  # [N, V]
         return logits.float().log_softmax(-1).gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
     body, head = parts
     with _float32_attention_on_cpu(model):
-        hidden = body(**inputs).last_hidden_state  # [R, W, H]
+        hidden = body(**inputs, use_cache=False).last_hidden_state  # [R, W, H]
     context = hidden.reshape(-1, hidden.shape[-1])[packed.context]  # [N, H]
     return _chunked_head_logprobs(head, context, packed.targets, chunk_size)
 
@@ -264,11 +267,12 @@ def chunked_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: 
     targets = input_ids[target_mask]  # [N]
     parts = _decoder_and_head(model)
     if parts is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, L-1, V]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, L, V]
+        logits = logits[:, :-1]  # [B, L-1, V]
         logp = logits.float().log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return out.masked_scatter(target_mask, logp[target_mask[:, 1:]])
     body, head = parts
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # [B, L, H]
     context = hidden[:, :-1][target_mask[:, 1:]]  # [N, H]: the state that predicts each target
     return out.masked_scatter(target_mask, _chunked_head_logprobs(head, context, targets, chunk_size))
 

@@ -147,3 +147,27 @@ def test_shared_prefix_attention_runs_in_float32_on_cpu_and_is_restored(tiny_lm)
     torch.testing.assert_close(mixed, exact, rtol=0.0, atol=0.1)  # bf16 matmuls, fp32 attention
     assert model.config._attn_implementation == "sdpa"
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_no_forward_keeps_a_key_value_cache(tiny_lm, batch):
+    """transformers builds a cache unless told not to; in a no-gradient forward (reference, the first pass of a
+    micro-batched step) it would hold every layer's keys and values until the forward returns."""
+    model, tok = tiny_lm
+    caches = []
+
+    def record(module, args, kwargs, output):
+        caches.append(output.get("cache", output.get("past_key_values")))
+
+    handle = model.model.register_forward_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            token_logprobs(model, *batch)
+            packed = pack_groups([tok("1+2=")["input_ids"]], [[tok("3", add_special_tokens=False)["input_ids"]] * 2],
+                                 tok.pad_token_id)
+            packed_token_logprobs(model, packed)
+    finally:
+        handle.remove()
+    assert caches == [None, None]
+    with torch.no_grad():  # the check can fail: the same body returns a cache by default
+        out = model.model(input_ids=batch[0])
+    assert out.get("cache", out.get("past_key_values")) is not None
