@@ -13,11 +13,14 @@
 # vLLM (ENGINE=vllm) is not among them: its wheel is far over what a lease carries.
 #   DEADLINE=560 QWEN_STEPS=3 bash benchmarks/gpu_lease.sh
 #   CHECKS=qwen3 QWEN_CAP=300 QWEN_EXTRA='--model.rollout.dtype bfloat16' bash benchmarks/gpu_lease.sh
+# CHECKS (smoke qwen3 async), SMOKE_STEPS/SMOKE_CAP, QWEN_STEPS/QWEN_CAP/QWEN_EXTRA, WORK_ROOT (/tmp: each check
+# works in WORK_ROOT/lease-NAME); gpu_smoke.sh's own variables (ACCELERATOR, DEVICES, PRECISION, ...) pass through.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 DEADLINE=${DEADLINE:-560}  # seconds from start; each check gets min(its cap, what is left)
 OUT=${OUT:-$PWD/gpu_lease_out}
+WORK_ROOT=${WORK_ROOT:-/tmp}  # each check's work folder: $WORK_ROOT/lease-NAME
 mkdir -p "$OUT"
 export PY=${PY:-python3} PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -40,18 +43,18 @@ check() {  # check NAME CAP_SECONDS ENV=VALUE...
     if [ "$cap" -lt 30 ]; then echo "== $name: skipped (${left}s left)" | tee -a "$OUT/summary.txt"; return; fi
     echo "== $name (cap ${cap}s): $*" | tee -a "$OUT/summary.txt"
     local t0; t0=$(date +%s)
-    env "$@" WORK="/tmp/lease-$name" timeout -k 10 "$cap" bash benchmarks/gpu_smoke.sh 2>&1 \
+    env "$@" WORK="$WORK_ROOT/lease-$name" timeout -k 10 "$cap" bash benchmarks/gpu_smoke.sh 2>&1 \
         | while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done > "$OUT/$name.log"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $(($(date +%s) - t0))s" | tee -a "$OUT/summary.txt"
     sed 's/^[0-9:]* //' "$OUT/$name.log" | grep -E "^(step |median|responses|peak|vLLM slept|  total|summary written)|Error|error:" \
         | tail -40 | tee -a "$OUT/summary.txt"
-    cp "/tmp/lease-$name/runs/smoke/version_0/metrics.csv" "$OUT/$name-metrics.csv" 2>/dev/null || true
+    cp "$WORK_ROOT/lease-$name/runs/smoke/version_0/metrics.csv" "$OUT/$name-metrics.csv" 2>/dev/null || true
 }
 
 for name in ${CHECKS:-smoke qwen3 async}; do
     case $name in
-        smoke) check smoke 110 STEPS=10 ;;
+        smoke) check smoke "${SMOKE_CAP:-110}" STEPS="${SMOKE_STEPS:-10}" ;;
         qwen3) check qwen3 "${QWEN_CAP:-330}" SHAPE=qwen3-1.7b ENGINE=hf STEPS="${QWEN_STEPS:-3}" EXTRA="${QWEN_EXTRA:-}" ;;
         async) check async 90 MODE=async STEPS=8 ;;
         *) echo "gpu_lease: unknown check $name (smoke, qwen3, async)" >&2; exit 2 ;;

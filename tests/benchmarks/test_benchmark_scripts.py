@@ -156,3 +156,34 @@ def test_step_profile_samples_a_worker_run(tmp_path):
         assert sum(shares.get(phase, {}).values()) > 0, (phase, shares)
     assert summary["totals"]["matmul"] > 0 and summary["totals"]["python"] > 0
     assert re.search(r"^all\s+\d", stdout, re.M)
+
+
+def run_lease(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(BENCHMARKS / "gpu_lease.sh")], capture_output=True, text=True, timeout=600,
+                          env={**ENV, "PY": sys.executable, "OUT": str(tmp_path / "out"), "WORK_ROOT": str(tmp_path), **env})
+
+
+def test_gpu_lease_skips_checks_the_deadline_leaves_no_time_for_and_refuses_unknown_ones(tmp_path):
+    """The lease script's scheduling, without a GPU: a check whose time cap would fall under 30 s is skipped and
+    said so; an unknown check name stops the script before anything runs."""
+    result = run_lease(tmp_path, DEADLINE="20", CHECKS="smoke async")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["== smoke", "== async"]
+    assert all("skipped" in line for line in summary)
+    assert (tmp_path / "out" / "env.txt").read_text()  # versions and machine, whatever else failed
+    refused = run_lease(tmp_path, CHECKS="qwen4")
+    assert refused.returncode == 2 and "unknown check qwen4" in refused.stderr
+
+
+@pytest.mark.slow
+def test_gpu_lease_runs_the_smoke_check_on_cpu_into_a_fresh_work_folder(tmp_path):
+    """The smoke check end to end as a dry run on CPU (two processes, FSDP2, 2 steps): ``gpu_smoke.sh`` makes its
+    ``WORK`` folder, the log is timestamped, the per-step figures are printed and the metrics come back."""
+    result = run_lease(tmp_path, CHECKS="smoke", DEADLINE="400", ACCELERATOR="cpu", DEVICES="2",
+                       PRECISION="32-true", SMOKE_STEPS="2", SMOKE_CAP="500")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "== smoke: exit 0" in summary and "median after step 0" in summary
+    assert re.match(r"\d\d:\d\d:\d\d gpu_smoke: 2 x cpu", (tmp_path / "out" / "smoke.log").read_text())
+    assert len((tmp_path / "out" / "smoke-metrics.csv").read_text().splitlines()) >= 3
