@@ -174,7 +174,10 @@ def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens
         logprob_chunk_size=model["logprob_chunk_size"], attention_row=0 if on_gpu else row,
         engine="vllm-separate" if separate else rollout.engine,
         engine_bytes=rollout.torch_dtype.itemsize if rollout.torch_dtype else None,
-        engine_shares_learner=rollout.engine == "hf" and rollout.hf_engine_shares_learner(lora is not None),
+        # under ModelParallelStrategy (FSDP2) the engine takes its own copy before the learner is sharded, even on one
+        # process (GGPOModule.configure_model): it never shares the learner there
+        engine_shares_learner=rollout.engine == "hf" and "ModelParallelStrategy" not in strategy_name
+        and rollout.hf_engine_shares_learner(lora is not None),
         engine_tokens=min(rollout.sampling.generation_batch_size, responses) * row,
         vllm_memory=int(share * device_memory) if rollout.engine == "vllm" and on_gpu and device_memory else None,
         engine_overlaps=rollout.schedule == "async", device_memory=device_memory, device=device)

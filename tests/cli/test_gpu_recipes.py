@@ -102,3 +102,26 @@ def test_with_vllm_the_gpu_recipes_pass_the_preflight_as_written(recipe, tmp_pat
         run_training(recipe_args(tmp_path, qwen3_model_dir, recipe=recipe))
     out = capsys.readouterr().out
     assert "memory per device" in out and "vllm: " in out  # the estimate counts the engine it will build
+
+
+def test_under_fsdp2_the_estimate_counts_the_hf_engines_own_copy(tmp_path, qwen3_model_dir, loads, monkeypatch):
+    """With a sync after every update in the learner's precision the HF engine samples with the learner itself,
+    except under ModelParallelStrategy (FSDP2), where it takes its own copy before the learner is sharded, on one
+    process too."""
+    from ggpo_lightning.training import preflight
+
+    shares = {}
+
+    def spy(*args, **kwargs):
+        shares[name] = kwargs["engine_shares_learner"]
+        return estimate_memory(*args, **kwargs)
+
+    estimate_memory = preflight.estimate_memory
+    monkeypatch.setattr(preflight, "estimate_memory", spy)
+    for name, strategy in (("auto", []),
+                           ("fsdp2", ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"])):
+        (tmp_path / name).mkdir()
+        with pytest.raises(WeightsLoaded):
+            run_training(recipe_args(tmp_path / name, qwen3_model_dir, "--model.rollout.engine", "hf",
+                                     "--model.rollout.sync_every", "1", "--model.rollout.dtype", "null", *strategy))
+    assert shares == {"auto": True, "fsdp2": False}
