@@ -53,7 +53,7 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     reported, and the exit code is 1. Unfinished runs (no summary.json) are named and
     left out.
     """
-    from ggpo_lightning.lab.report import collect_runs, drift_table, markdown_table, plot_curves
+    from ggpo_lightning.lab.report import STEP_MEANS, collect_runs, markdown_table, plot_curves, step_mean_table
 
     runs, errors = collect_runs(list(run_dirs))
     for error in errors:
@@ -65,17 +65,15 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     if not runs:
         raise click.ClickException("no finished runs to report")
     order = [s.strip() for s in settings.split(",")] if settings else None
-    table = markdown_table(runs, order)
-    drift = drift_table(runs, order)
-    click.echo(table)
-    click.echo("KL(mu || pi) on the behavior samples, nats, mean over the run's steps:\n" + drift)
+    sections = [("Final held-out accuracy (%)", markdown_table(runs, order))]
+    sections += [(f"{title}, mean over the run's steps", step_mean_table(runs, metric, order))
+                 for metric, (title, _) in STEP_MEANS.items()]
+    text = "".join(f"## {title}\n\n{table}\n" for title, table in sections)
+    click.echo(text)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         plots = plot_curves(runs, out, order)
-        atomic_write_text(out / "report.md", "## Final held-out accuracy (%)\n\n" + table + "\n"
-                          + "## Drift: KL(mu || pi) on the behavior samples (nats, mean over the run's steps)\n\n"
-                          + drift + "\n"
-                          + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
+        atomic_write_text(out / "report.md", text + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
         click.echo(f"report written to {out / 'report.md'} with {len(plots)} plots")
     if errors:
         sys.exit(1)

@@ -21,11 +21,23 @@ from pathlib import Path
 from ggpo_lightning.records.atomic import atomic_write_bytes
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
-__all__ = ["Run", "collect_runs", "drift_table", "markdown_table", "plot_curves"]
+__all__ = ["Run", "STEP_MEANS", "collect_runs", "markdown_table", "plot_curves", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
 # recipes/baselines/ggpo-paper.yaml): side by side in every table and plot
 OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "maxrl")
+
+STEP_MEANS = {
+    "kl_behavior_k1": ("Drift: KL(mu || pi) on the behavior samples, per sequence (nats)", 3),
+    "token_log_ratio_mean": ("Drift per token: log pi/mu summed over the step's responses per token (nats)", 4),
+    "coverage_log_ratio_p95": ("Coverage: 95th percentile of the sequences' log pi/mu, a lower bound on log C (nats)",
+                               2),
+    "coverage_log_ratio_max": ("Coverage: largest log pi/mu of a step, a lower bound on log C (nats)", 2),
+    "coverage_ess_share": ("Effective sample size of pi/mu, share of the step's responses", 3),
+    "response_length": ("Mean response length (tokens)", 1),
+}
+"""Per-step metrics (``train/<name>``, docs/METHOD.md#diagnostics) whose mean over a run's steps the report tables:
+the name -> (the table's title, decimals)."""
 
 
 @dataclass
@@ -46,6 +58,10 @@ class Run:
     """``(optimizer step, train/reward)``."""
     drift: list[tuple[int, float]] = field(default_factory=list)
     """``(optimizer step, train/kl_behavior_k1)``: KL(mu || pi) on the step's behavior samples."""
+    coverage: list[tuple[int, float]] = field(default_factory=list)
+    """``(optimizer step, train/coverage_log_ratio_p95)``: a lower bound on log C."""
+    step_means: dict[str, float] = field(default_factory=dict)
+    """The mean over the run's steps of each :data:`STEP_MEANS` metric it logged."""
 
 
 def _float(value: str | None) -> float | None:
@@ -60,15 +76,17 @@ def _read_run(path: Path) -> Run:
     labels = json.loads((path / RUN_LABELS).read_text()) if (path / RUN_LABELS).is_file() else {}
     with open(metrics, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    accuracy, reward, by_samples, drift = [], [], [], []
+    accuracy, reward, by_samples = [], [], []
+    logged: dict[str, list[tuple[int, float]]] = {name: [] for name in STEP_MEANS}
     samples = 0.0
     for row in rows:
         step = int(row["step"])
         samples = _float(row.get("train/generated_samples")) or samples
         if (r := _float(row.get("train/reward"))) is not None:
             reward.append((step, r))
-        if (d := _float(row.get("train/kl_behavior_k1"))) is not None:
-            drift.append((step, d))
+        for name, points in logged.items():
+            if (v := _float(row.get(f"train/{name}"))) is not None and math.isfinite(v):
+                points.append((step, v))
         if (a := _float(row.get("val/accuracy"))) is not None:
             accuracy.append((step + 1, a))  # logged after the update of `step`: step + 1 updates done
             by_samples.append((samples, a))
@@ -89,7 +107,9 @@ def _read_run(path: Path) -> Run:
         accuracy=accuracy,
         accuracy_by_samples=by_samples,
         reward=reward,
-        drift=drift,
+        drift=logged["kl_behavior_k1"],
+        coverage=logged["coverage_log_ratio_p95"],
+        step_means={name: statistics.fmean(v for _, v in points) for name, points in logged.items() if points},
     )
 
 
@@ -147,16 +167,18 @@ def markdown_table(runs: list[Run], settings_order: list[str] | None = None) -> 
     return _table(runs, settings_order, lambda r: r.final_accuracy, _mean_std)
 
 
-def drift_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
-    """KL(mu || pi) in nats (``train/kl_behavior_k1``) averaged over each run's steps, mean ± sample std over
-    seeds; objectives x settings ("–" for runs that logged no drift)."""
+def step_mean_table(runs: list[Run], metric: str, settings_order: list[str] | None = None) -> str:
+    """A :data:`STEP_MEANS` metric averaged over each run's steps, mean ± sample std over seeds; objectives x
+    settings ("–" where no run logged it)."""
+    digits = STEP_MEANS[metric][1]
+
     def cell(values: list[float]) -> str:
         if not values:
             return "–"
         std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.fmean(values):.3f} ± {std:.3f}"
+        return f"{statistics.fmean(values):.{digits}f} ± {std:.{digits}f}"
 
-    return _table(runs, settings_order, lambda r: statistics.fmean(d for _, d in r.drift) if r.drift else None, cell)
+    return _table(runs, settings_order, lambda r: r.step_means.get(metric), cell)
 
 
 def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float]]:
@@ -178,9 +200,10 @@ def _smooth(points: list[tuple[int, float]], window: int) -> list[tuple[int, flo
 
 def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: list[str] | None = None,
                 reward_window: int = 25) -> list[Path]:
-    """Four PNGs, one panel per setting and one line per objective (mean over seeds, a band of ± one std):
-    held-out accuracy vs optimizer steps, vs generated samples, training reward vs steps and
-    the drift KL(mu || pi) vs steps (both moving averages over ``reward_window`` steps).
+    """Five PNGs, one panel per setting and one line per objective (mean over seeds, a band of ± one std):
+    held-out accuracy vs optimizer steps, vs generated samples, training reward, the drift KL(mu || pi) and the
+    coverage bound (95th percentile of log pi/mu) vs steps (the last three moving averages over ``reward_window``
+    steps).
     Written atomically."""
     try:
         import matplotlib
@@ -198,7 +221,10 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
         "accuracy_vs_samples.png": ("accuracy_by_samples", "generated samples", "held-out accuracy"),
         "reward_vs_steps.png": ("reward", "optimizer steps", f"train reward ({reward_window}-step mean)"),
         "drift_vs_steps.png": ("drift", "optimizer steps", f"KL(mu || pi), nats ({reward_window}-step mean)"),
+        "coverage_vs_steps.png": ("coverage", "optimizer steps",
+                                  f"p95 of log pi/mu, nats ({reward_window}-step mean)"),
     }
+    smoothed = ("reward", "drift", "coverage")
     # one colour per objective in every panel (the default cycle restarts per panel and repeats after 10)
     palette = plt.get_cmap("tab10" if len(objectives) <= 10 else "tab20")
     colors = {objective: palette(i) for i, objective in enumerate(objectives)}
@@ -207,11 +233,11 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
     rows = math.ceil(len(settings) / cols)
     for filename, (attr, xlabel, ylabel) in figures.items():
         fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False,
-                                 sharey=attr != "drift")
+                                 sharey=attr not in ("drift", "coverage"))
         for ax, setting in zip(axes.flat, settings):
             for objective in objectives:
                 curves = [getattr(r, attr) for r in runs if r.setting == setting and r.objective == objective]
-                curves = [(_smooth(c, reward_window) if attr in ("reward", "drift") else c) for c in curves if c]
+                curves = [(_smooth(c, reward_window) if attr in smoothed else c) for c in curves if c]
                 if curves:
                     xs, ys, spread = _mean_curve(curves)
                     ax.plot(xs, ys, color=colors[objective], label=f"{objective} (n={len(curves)})")

@@ -160,7 +160,8 @@ def test_step_profile_samples_a_worker_run(tmp_path):
 
 def run_lease(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(BENCHMARKS / "gpu_lease.sh")], capture_output=True, text=True, timeout=600,
-                          env={**ENV, "PY": sys.executable, "OUT": str(tmp_path / "out"), "WORK_ROOT": str(tmp_path), **env})
+                          env={**ENV, "PY": sys.executable, "OUT": str(tmp_path / "out"), "WORK_ROOT": str(tmp_path),
+                               **env})
 
 
 def test_gpu_lease_skips_checks_the_deadline_leaves_no_time_for_and_refuses_unknown_ones(tmp_path):

@@ -120,8 +120,12 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
     assert "not-a-run: no metrics.csv" in report.output
     assert "| ggpo |" in report.output and "| grpo |" in report.output
     assert {p.name for p in (tmp_path / "report").iterdir()} == {
-        "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png", "drift_vs_steps.png"}
-    assert "KL(mu || pi)" in (tmp_path / "report" / "report.md").read_text()
+        "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png", "drift_vs_steps.png",
+        "coverage_vs_steps.png"}
+    written = (tmp_path / "report" / "report.md").read_text()
+    for title in ("KL(mu || pi)", "Drift per token", "lower bound on log C", "Effective sample size",
+                  "Mean response length"):
+        assert title in written
 
 
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
@@ -134,12 +138,25 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     assert "| grpo | – | 25.0 ± 0.0 (n=1) |" in table
 
 
-def test_drift_table_and_curves_carry_the_spread_over_seeds(tmp_path):
-    from ggpo_lightning.lab.report import Run, _mean_curve, drift_table
+def test_step_mean_tables_and_curves_carry_the_spread_over_seeds(tmp_path):
+    """Each run's metrics.csv is averaged over its steps (an empty or non-finite cell is no value), then mean ± sample
+    std over seeds."""
+    from ggpo_lightning.lab.report import Run, _mean_curve, step_mean_table
 
-    runs = [Run(tmp_path, "ggpo", "sync8", s, 0.5, drift=[(0, d), (1, 3 * d)]) for s, d in enumerate([0.1, 0.2, 0.3])]
-    # per-run means 0.2, 0.4, 0.6 -> mean 0.4, sample std 0.2
-    assert "| ggpo | 0.400 ± 0.200 |" in drift_table(runs)
+    for seed, (kl, length) in enumerate([(0.1, 40), (0.2, 60), (0.3, 80)]):
+        run = tmp_path / f"ggpo-sync8-seed{seed}"
+        run.mkdir()
+        header = "step,train/kl_behavior_k1,train/response_length,train/coverage_log_ratio_p95\n"
+        (run / "metrics.csv").write_text(header + f"0,{kl},{length},\n1,{3 * kl},{length + 10},inf\n2,,,0.5\n")
+        (run / "summary.json").write_text(json.dumps({"objective": "ggpo", "recipe": "sync8", "accuracy_after": 0.5}))
+    runs, errors = collect_runs([tmp_path])
+    assert not errors and [r.drift for r in runs][0] == [(0, 0.1), (1, pytest.approx(0.3))]
+    # per-run means of the KL 0.2, 0.4, 0.6 -> 0.4 ± 0.2; of the length 45, 65, 85 -> 65 ± 20; p95 0.5 (inf skipped)
+    assert "| ggpo | 0.400 ± 0.200 |" in step_mean_table(runs, "kl_behavior_k1")
+    assert "| ggpo | 65.0 ± 20.0 |" in step_mean_table(runs, "response_length")
+    assert "| ggpo | 0.50 ± 0.00 |" in step_mean_table(runs, "coverage_log_ratio_p95")
+    assert "| ggpo | – |" in step_mean_table(runs, "coverage_ess_share")
+    assert Run(tmp_path, "grpo", "sync8", 0, 0.5).step_means == {}
     xs, mean, std = _mean_curve([[(0, 1.0), (1, 2.0)], [(0, 3.0), (1, 2.0)], [(1, 5.0)]])
     assert xs == [1] and mean == [3.0] and std == [pytest.approx(3 ** 0.5)]  # x = 0 is not shared by all
 
