@@ -53,7 +53,8 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     reported, and the exit code is 1. Unfinished runs (no summary.json) are named and
     left out.
     """
-    from ggpo_lightning.lab.report import STEP_MEANS, collect_runs, markdown_table, plot_curves, step_mean_table
+    from ggpo_lightning.lab.report import (STEP_MEANS, collect_runs, gain_table, markdown_table, plot_curves,
+                                           step_mean_table)
 
     runs, errors = collect_runs(list(run_dirs))
     for error in errors:
@@ -65,7 +66,8 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     if not runs:
         raise click.ClickException("no finished runs to report")
     order = [s.strip() for s in settings.split(",")] if settings else None
-    sections = [("Final held-out accuracy (%)", markdown_table(runs, order))]
+    sections = [("Final held-out accuracy (%)", markdown_table(runs, order)),
+                ("Gain over the starting model (points)", gain_table(runs, order))]
     sections += [(f"{title}, mean over the run's steps", step_mean_table(runs, metric, order))
                  for metric, (title, _) in STEP_MEANS.items()]
     text = "".join(f"## {title}\n\n{table}\n" for title, table in sections)

@@ -21,7 +21,7 @@ from pathlib import Path
 from ggpo_lightning.records.atomic import atomic_write_bytes
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
-__all__ = ["Run", "STEP_MEANS", "collect_runs", "markdown_table", "plot_curves", "step_mean_table"]
+__all__ = ["Run", "STEP_MEANS", "collect_runs", "gain_table", "markdown_table", "plot_curves", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
 # recipes/baselines/ggpo-paper.yaml): side by side in every table and plot
@@ -50,6 +50,8 @@ class Run:
     seed: int | None
     final_accuracy: float | None
     """``accuracy_after`` of ``summary.json``; None while the run is unfinished."""
+    start_accuracy: float | None = None
+    """``accuracy_before`` of ``summary.json``: the starting model's (each seed may warm up a model of its own)."""
     accuracy: list[tuple[int, float]] = field(default_factory=list)
     """``(optimizer step, val/accuracy)``."""
     accuracy_by_samples: list[tuple[float, float]] = field(default_factory=list)
@@ -104,6 +106,7 @@ def _read_run(path: Path) -> Run:
         setting=str(labels.get("setting") or summary.get("recipe") or path.name),
         seed=labels.get("seed"),
         final_accuracy=final,
+        start_accuracy=summary.get("accuracy_before"),
         accuracy=accuracy,
         accuracy_by_samples=by_samples,
         reward=reward,
@@ -165,6 +168,17 @@ def _table(runs: list[Run], settings_order: list[str] | None, value, cell) -> st
 def markdown_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
     """Final held-out accuracy in percent, mean ± sample std over seeds; objectives x settings."""
     return _table(runs, settings_order, lambda r: r.final_accuracy, _mean_std)
+
+
+def gain_table(runs: list[Run], settings_order: list[str] | None = None) -> str:
+    """Final minus starting held-out accuracy in points, mean ± sample std over seeds: the comparison when seeds
+    start from models of their own; objectives x settings ("–" where no run recorded its start)."""
+    def gain(run: Run) -> float | None:
+        if run.final_accuracy is None or run.start_accuracy is None:
+            return None
+        return run.final_accuracy - run.start_accuracy
+
+    return _table(runs, settings_order, gain, _mean_std)
 
 
 def step_mean_table(runs: list[Run], metric: str, settings_order: list[str] | None = None) -> str:

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from ggpo_lightning.cli.main import main
-from ggpo_lightning.lab.report import collect_runs, markdown_table
+from ggpo_lightning.lab.report import collect_runs, gain_table, markdown_table
 from ggpo_lightning.lab.sweep import load_grid
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
@@ -123,7 +123,7 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
         "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png", "drift_vs_steps.png",
         "coverage_vs_steps.png"}
     written = (tmp_path / "report" / "report.md").read_text()
-    for title in ("KL(mu || pi)", "Drift per token", "lower bound on log C", "Effective sample size",
+    for title in ("Gain over the starting model", "KL(mu || pi)", "Drift per token", "lower bound on log C", "Effective sample size",
                   "Mean response length"):
         assert title in written
 
@@ -136,6 +136,10 @@ def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     table = markdown_table(runs, ["sync1", "offline"])
     assert "| ggpo | 60.0 ± 10.0 (n=3) | – |" in table
     assert "| grpo | – | 25.0 ± 0.0 (n=1) |" in table
+    for run, start in zip(runs, [0.4, 0.3, 0.6, None]):  # seeds warmed up to models of their own
+        run.start_accuracy = start
+    gains = gain_table(runs, ["sync1", "offline"])  # gains 10, 30, 10 points; none without a start
+    assert "| ggpo | 16.7 ± 11.5 (n=3) | – |" in gains and "| grpo | – | – |" in gains
 
 
 def test_step_mean_tables_and_curves_carry_the_spread_over_seeds(tmp_path):
