@@ -72,10 +72,12 @@ def _float(value: str | None) -> float | None:
 
 def _read_run(path: Path) -> Run:
     metrics = path / "metrics.csv"
-    if not metrics.is_file():
-        raise FileNotFoundError(f"{path}: no metrics.csv (not a ggpo-train run directory, or it never logged)")
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
     labels = json.loads((path / RUN_LABELS).read_text()) if (path / RUN_LABELS).is_file() else {}
+    if not metrics.is_file():
+        if labels and not summary:  # a sweep's run that has not logged yet (e.g. generating its offline data)
+            return Run(path, str(labels.get("objective")), str(labels.get("setting")), labels.get("seed"), None)
+        raise FileNotFoundError(f"{path}: no metrics.csv (not a ggpo-train run directory, or it never logged)")
     with open(metrics, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     accuracy, reward, by_samples = [], [], []

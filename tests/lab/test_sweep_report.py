@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,13 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
     assert partial.exit_code == 0 and "left out, unfinished" in partial.output and "ggpo-sync2-seed0" in partial.output
     assert "| ggpo |" not in partial.output and "| grpo |" in partial.output
     unfinished.write_text(saved)
+    starting = out / "ggpo-sync4-seed0"  # a sweep's next run, started but not logging yet
+    starting.mkdir()
+    (starting / "grid_run.json").write_text(json.dumps({"objective": "ggpo", "setting": "sync4", "seed": 0}))
+    in_progress = CliRunner().invoke(main, ["report", str(out)])
+    assert in_progress.exit_code == 0 and "left out, unfinished" in in_progress.output
+    assert "ggpo-sync4-seed0" in in_progress.output and "| ggpo |" in in_progress.output
+    shutil.rmtree(starting)
 
     (tmp_path / "not-a-run").mkdir()
     report = CliRunner().invoke(main, ["report", str(out), str(tmp_path / "not-a-run"),
