@@ -418,15 +418,17 @@ class ObjectiveConfig:
     behavior_anchor: float | None = None
     """Weight lambda of the behavior anchor ``lambda * mean(-log pi(y))`` over the behavior's samples
     (``docs/METHOD.md#the-behavior-anchor``), added to any objective's loss. None = the objective's default:
-    ``anchor_when_stale * beta`` when rollouts can be stale (``rollout.sync_every > 1``, or
-    ``rollout.schedule: async`` with a ``max_staleness`` above 0), else 0."""
+    ``anchor_when_stale * beta`` when rollouts can be stale (``rollout.sync_every > 1``,
+    ``rollout.schedule: async`` with a ``max_staleness`` above 0, or offline data), else 0."""
 
-    def anchor_weight(self, staleness_limit: int) -> float:
+    def anchor_weight(self, staleness_limit: int | None) -> float:
         """The behavior anchor's lambda for rollouts at most ``staleness_limit`` updates behind the learner
-        (:attr:`RolloutConfig.staleness_limit <ggpo_lightning.rollouts.config.RolloutConfig.staleness_limit>`)."""
+        (:attr:`RolloutConfig.staleness_limit <ggpo_lightning.rollouts.config.RolloutConfig.staleness_limit>`);
+        None: no bound (offline data, generated once and replayed)."""
         if self.behavior_anchor is not None:
             return self.behavior_anchor
-        return get_objective(self.name).anchor_when_stale * self.beta if staleness_limit > 0 else 0.0
+        stale = staleness_limit is None or staleness_limit > 0
+        return get_objective(self.name).anchor_when_stale * self.beta if stale else 0.0
 
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""
