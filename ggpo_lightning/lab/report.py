@@ -29,7 +29,7 @@ OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "maxrl")
 
 STEP_MEANS = {
     "kl_behavior_k1": ("Drift: KL(mu || pi) on the behavior samples, per sequence (nats)", 3),
-    "token_log_ratio_mean": ("Drift per token: log pi/mu summed over the step's responses per token (nats)", 4),
+    "token_log_ratio_mean": ("Drift per token: the step's summed log pi/mu over its summed response length (nats)", 4),
     "coverage_log_ratio_p95": ("Coverage: 95th percentile of the sequences' log pi/mu, a lower bound on log C (nats)",
                                2),
     "coverage_log_ratio_max": ("Coverage: largest log pi/mu of a step, a lower bound on log C (nats)", 2),
