@@ -91,8 +91,13 @@ def phase_split(result: dict, system: str) -> dict[str, float]:
     return {k: sum(med.get(n, 0.0) for n in names) for k, names in PHASES.items()}
 
 
-def matmul_peak(dtype_name: str, sizes: tuple[int, ...] = (1024, 2048, 4096), repeat: int = 5) -> float:
-    """FLOP/s of the fastest ``n x n`` square matmul on one thread (the best of ``repeat`` per size)."""
+def matmul_peak(dtype_name: str, sizes: tuple[int, ...] = (1024, 2048, 4096), repeat: int = 5,
+                slow_s: float = 1.0) -> float:
+    """FLOP/s of the fastest ``n x n`` square matmul on one thread (the best of ``repeat`` per size).
+
+    Sizes go up in order; once a first matmul takes longer than ``slow_s`` it is the size's only timing and no
+    larger size is tried (each costs 8x more): on a CPU without bfloat16 instructions a 4096 bf16 matmul takes
+    minutes (0.3 GFLOP/s on an AMD EPYC), and the rate has long stopped rising."""
     import torch
 
     torch.set_num_threads(1)
@@ -100,13 +105,16 @@ def matmul_peak(dtype_name: str, sizes: tuple[int, ...] = (1024, 2048, 4096), re
     rates = []
     for n in sizes:
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        start = time.perf_counter()
         a @ b  # warm-up
-        best = float("inf")
-        for _ in range(repeat):
+        best = time.perf_counter() - start
+        for _ in range(repeat if best <= slow_s else 0):
             start = time.perf_counter()
             a @ b
             best = min(best, time.perf_counter() - start)
         rates.append(2 * n**3 / best)
+        if best > slow_s:
+            break
     return max(rates)
 
 
