@@ -492,6 +492,8 @@ def test_drift_diagnostics_read_zero_on_policy_and_grow_with_staleness(tiny_mode
         make_data(data_dir), steps=4, callbacks=[Recorder()])
     assert abs(logged["kl_behavior_k1"][0]) < 1e-4  # the first step: nothing has moved yet
     assert logged["kl_behavior_k3"][3] > 1e-3 and all(v >= 0 for v in logged["kl_behavior_k3"])
-    # coverage: the ratios spread as the learner moves (ESS below N), the max above the 95th percentile
-    assert logged["coverage_ess_share"][3] < 0.99 and logged["coverage_log_ratio_max"][3] > 1e-3
+    # coverage: the ratios spread as the learner moves (ESS below N) and leave 0, the max above the 95th percentile;
+    # the max may be below 0: without the anchor the learner can lower every sampled response at once
+    # (docs/METHOD.md#why-ggpo-drifts; -0.48 on an AMD EPYC, above 0 on an Intel Xeon)
+    assert logged["coverage_ess_share"][3] < 0.99 and abs(logged["coverage_log_ratio_max"][3]) > 1e-3
     assert all(m >= p for m, p in zip(logged["coverage_log_ratio_max"], logged["coverage_log_ratio_p95"]))
