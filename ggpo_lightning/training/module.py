@@ -192,8 +192,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         validate_golds(datamodule.train_rows + datamodule.val_rows, self.group_rollout.verifier)
         if datamodule.mode != "online":  # replayed data: every update moves the learner further from its behavior
             self.anchor_weight = self.objective_config.anchor_weight(None)
-        errors = self.source.run_errors(datamodule.mode, world_size)
-        if errors:
+        if errors := self.source.run_errors(datamodule.mode, world_size):
             raise SettingsError("; ".join(errors))
         datamodule.connect_source(self.source)
 
