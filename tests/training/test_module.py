@@ -438,6 +438,8 @@ def test_the_behavior_anchor_is_on_by_default_only_for_stale_ggpo(tiny_model_dir
     assert make_module(tiny_model_dir, rollout=stale, objective=ObjectiveConfig("agro")).anchor_weight == 0.0
     explicit = ObjectiveConfig("agro", behavior_anchor=0.3)
     assert make_module(tiny_model_dir, rollout=stale, objective=explicit).anchor_weight == 0.3
+    with pytest.raises(ValueError, match="model.objective.behavior_anchor must be >= 0"):
+        make_module(tiny_model_dir, objective=ObjectiveConfig(behavior_anchor=-1.0))
 
 
 @pytest.mark.parametrize("anchor, expected", [(None, 0.05), (0.0, 0.0), (0.1, 0.1)])
@@ -448,8 +450,6 @@ def test_offline_data_is_stale_to_the_anchor_default(tiny_model_dir, data_dir, a
     assert module.anchor_weight == (0.0 if anchor is None else anchor)  # sync 1, before the data is known
     fit(module, make_data(data_dir, mode="offline", offline_prompts=3), steps=1)
     assert module.anchor_weight == expected
-    with pytest.raises(ValueError, match="model.objective.behavior_anchor must be >= 0"):
-        make_module(tiny_model_dir, objective=ObjectiveConfig(behavior_anchor=-1.0))
 
 
 def test_the_anchor_adds_lambda_times_the_mean_behavior_nll(tiny_model_dir, tiny_lm):
