@@ -131,8 +131,8 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
         "report.md", "accuracy_vs_steps.png", "accuracy_vs_samples.png", "reward_vs_steps.png", "drift_vs_steps.png",
         "coverage_vs_steps.png"}
     written = (tmp_path / "report" / "report.md").read_text()
-    for title in ("Gain over the starting model", "KL(mu || pi)", "Drift per token", "lower bound on log C", "Effective sample size",
-                  "Mean response length"):
+    for title in ("Gain over the starting model", "KL(mu || pi)", "Drift per token", "lower bound on log C",
+                  "Effective sample size", "Mean response length"):
         assert title in written
 
 
