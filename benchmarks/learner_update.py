@@ -84,7 +84,7 @@ def main() -> None:
                          else batch.tokens)
             positions = int(packed.input_ids.numel() if packed is not None else batch.input_ids.numel())
             params = module.learner.num_parameters()
-            run = {"precision": precision, "shared_prefix": module.shared_prefix, "seconds": seconds, "tokens": tokens,
+            run = {"precision": precision, "shared_prefix": packed is not None, "seconds": seconds, "tokens": tokens,
                    "positions_with_padding": positions, "parameters": params,
                    "response_tokens": sum(len(r) for g in groups for r in g.response_ids),
                    "model_flops_per_s": 6 * params * tokens / seconds}

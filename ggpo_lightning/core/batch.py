@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ggpo_lightning.records.buffer import RolloutGroup
-from ggpo_lightning.core.logprobs import PackedGroups, pack_groups, pack_sequences, packed_token_logprobs, token_logprobs
+from ggpo_lightning.core.logprobs import (PackedGroups, layout_cost, pack_groups, pack_sequences, packed_token_logprobs,
+                                         token_logprobs)
 from ggpo_lightning.core.objectives import ObjectiveInputs
 
 __all__ = ["ReferenceLogprobCache", "StepBatch", "batch_token_logprobs", "objective_inputs", "pack_step"]
@@ -52,10 +53,13 @@ class StepBatch:
 
 
 def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, shared_prefix: bool = False,
-              require_behavior_logp: bool = False, mask_truncated: bool = False) -> StepBatch:
+              require_behavior_logp: bool = False, mask_truncated: bool = False,
+              pair_cost: float | None = None) -> StepBatch:
     """Pack ``groups`` into a :class:`StepBatch` on ``device``.
 
-    ``shared_prefix`` adds the shared-prefix rows. ``mask_truncated`` leaves truncated responses out of
+    ``shared_prefix`` adds the shared-prefix rows; with a ``pair_cost``
+    (:func:`~ggpo_lightning.core.logprobs.attention_pair_cost`) only when their
+    :func:`~ggpo_lightning.core.logprobs.layout_cost` is below the padded rows' (a tie keeps the padded rows). ``mask_truncated`` leaves truncated responses out of
     ``group_mask`` (what the objective sees); ``present_mask`` keeps every response (the behavior anchor's). The recorded behavior token log-probs
     are packed when every group has them; ``require_behavior_logp`` makes their absence
     a ValueError (e.g. a buffer file written without ``behavior_logprobs``).
@@ -73,8 +77,10 @@ def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, sha
     batch = StepBatch(groups, input_ids, attention, target, group_mask, rewards, versions,
                       present_mask=present, truncated=truncated)
     if shared_prefix:
-        batch.packed = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups], pad_id,
-                                   device=device)
+        packed = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups], pad_id, device=device)
+        if pair_cost is None or layout_cost(*packed.input_ids.shape, pair_cost) < layout_cost(*input_ids.shape,
+                                                                                              pair_cost):
+            batch.packed = packed
     flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
     if len(flat) != len(responses) and require_behavior_logp:
         raise ValueError("the objective needs behavior log-probs, but some groups lack them (a buffer file "

@@ -17,7 +17,10 @@ same log-probs with less work: the K responses of a prompt group share one copy 
 prompt in one row, each response attending to the prompt and to itself only (a 4D
 attention mask, position ids restarting after the prompt), and no row is padded to the
 longest response of the batch. A group of 8 responses of ~4 tokens to a ~7-token prompt
-takes 39 token positions instead of 8 x 11 padded ones.
+takes 39 token positions instead of 8 x 11 padded ones. Its rows are wider, though, and attention
+over a row is dense (every query against every key, the mask applied after): where responses are long
+next to their prompt, the wider rows cost more than the prompt copies they save
+(:func:`layout_cost`).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["SHARDED_FORWARDS", "PackedGroups", "chunked_packed_token_logprobs", "chunked_token_logprobs", "pack_groups",
-           "pack_sequences",
-           "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
+__all__ = ["SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost", "chunked_packed_token_logprobs",
+           "chunked_token_logprobs", "layout_cost", "pack_groups", "pack_sequences", "packed_token_logprobs",
+           "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
 
 
 def pack_sequences(
@@ -122,6 +125,29 @@ def supports_packed(model: nn.Module) -> bool:
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+
+
+def attention_pair_cost(config: object) -> float | None:
+    """The forward FLOPs of one attended (query, key) pair relative to those of one token position, per decoder
+    layer: ``4 * heads * head_dim`` (its score and its share of the weighted values) over ``2 * p``, ``p`` the
+    layer's matmul weights (query and output ``2 * h * heads * head_dim``, key and value ``2 * h * kv_heads *
+    head_dim``, the gated MLP ``3 * h * intermediate``; a dense estimate). None when ``config`` (a transformers
+    config) lacks these sizes."""
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    intermediate = getattr(config, "intermediate_size", None)
+    if not (isinstance(hidden, int) and isinstance(heads, int) and isinstance(intermediate, int)):
+        return None
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    weights = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate
+    return 4 * heads * head_dim / (2 * weights)
+
+
+def layout_cost(rows: int, width: int, pair_cost: float) -> float:
+    """The forward cost, in token positions, of ``rows`` rows of ``width`` tokens with dense attention:
+    ``rows * width * (1 + pair_cost * width)`` (``pair_cost`` from :func:`attention_pair_cost`). The output head
+    is left out: it runs on the response tokens only, the same in every layout."""
+    return rows * width * (1.0 + pair_cost * width)
 
 
 def packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_size: int = 4096) -> Tensor:

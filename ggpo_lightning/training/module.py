@@ -35,7 +35,7 @@ from torch import Tensor
 from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs, pack_step
 from ggpo_lightning.core.distributed import reduce_step_metrics, world
 from ggpo_lightning.core.drift import behavior_anchor
-from ggpo_lightning.core.logprobs import supports_packed
+from ggpo_lightning.core.logprobs import attention_pair_cost, supports_packed
 from ggpo_lightning.core.metrics import coverage_metrics, step_metrics
 from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_forward, plan_step,
                                             two_pass_loss)
@@ -88,11 +88,10 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
             (0 = never).
         optimizer: optimizer over the learner's parameters only.
         logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
-        shared_prefix: compute learner and reference log-probs on shared-prefix rows (one
-            copy of a group's prompt for its K responses, no padding to the longest
-            response; :func:`~ggpo_lightning.core.logprobs.pack_groups`): the same numbers with
-            fewer token positions. Needs transformers' ``sdpa`` attention; other attention
-            implementations use the padded layout.
+        shared_prefix: learner and reference log-probs on shared-prefix rows (a group's prompt once for its K
+            responses; :func:`~ggpo_lightning.core.logprobs.pack_groups`), the same numbers, on the steps where
+            they cost less than the padded rows (:func:`~ggpo_lightning.core.logprobs.layout_cost`). Needs
+            transformers' ``sdpa`` attention; other attention implementations use the padded layout.
         gradient_checkpointing: recompute activations in backward (less memory, more time).
         max_nan_steps: stop after this many non-finite losses in a row.
         chat_template: wrap each prompt as a user turn with the tokenizer's chat template
@@ -149,6 +148,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
                              "template; set model.chat_template: false or use an instruction-tuned model")
         model = load_causal_lm(model_name_or_path, dtype=torch.float32).train()
         self.shared_prefix = shared_prefix and supports_packed(model)
+        self.attention_pair_cost = attention_pair_cost(model.config)  # picks the cheaper layout step by step
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # before the LoRA wrap: the engine holds (or streams into) the plain model. Behavior log-probs are recorded
@@ -273,7 +273,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         return pack_step(groups, self.tokenizer.pad_token_id, self.device,
                          self.shared_prefix and not self.micro_batch.max_tokens,
                          require_behavior_logp=self.objective.uses_behavior_logp,
-                         mask_truncated=self.rollout_config.truncation == "mask")
+                         mask_truncated=self.rollout_config.truncation == "mask", pair_cost=self.attention_pair_cost)
 
     def step_loss(self, batch: StepBatch, token_logp: Tensor | None = None) -> tuple[Tensor, ObjectiveInputs]:
         """The objective's loss on ``batch``, plus ``lambda`` times the behavior anchor when it is on
