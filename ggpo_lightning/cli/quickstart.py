@@ -8,11 +8,13 @@ say which."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ggpo_lightning.records.errors import SettingsError
+from ggpo_lightning.records.errors import SettingsError, UserError
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 from ggpo_lightning.tasks.synth_math import SynthMathTask
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
@@ -49,7 +51,11 @@ def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = Fa
     without ``synthetic_data`` settings there too (``train_path_from_command_line``) that does not exist is a
     :class:`SettingsError` naming the key, raised before anything is written (a typo in a path must not scatter
     generated data next to it)."""
-    synthetic = config.get("synthetic_data")
+    # every setting checked before anything is written or built
+    with _recipe_group("synthetic_data"):
+        synthetic = synthetic_data_config(config) if config.get("synthetic_data") is not None else None
+    with _recipe_group("tiny_model"):
+        tiny_model = tiny_model_config(config) if config.get("tiny_model") is not None else None
     if synthetic is not None:
         train_path = config["data"].get("train_path")
         if train_path is None:
@@ -61,10 +67,23 @@ def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = Fa
                                 "--data.train_path to use the recipe's synthetic data (to generate it at this path, "
                                 "set a --synthetic_data option too)")
         if not Path(train_path).is_file():
-            settings = synthetic_data_config(config)
-            settings.task.write_splits(Path(train_path).parent, settings.n_train, settings.n_test, settings.seed)
-    if config.get("tiny_model") is not None:
-        ensure_tiny_model(config["model"]["model_name_or_path"], tiny_model_config(config))
+            with _recipe_group("synthetic_data"):  # the counts are checked against the task here
+                synthetic.task.write_splits(Path(train_path).parent, synthetic.n_train, synthetic.n_test,
+                                            synthetic.seed)
+    if tiny_model is not None:
+        ensure_tiny_model(config["model"]["model_name_or_path"], tiny_model)
+
+
+@contextlib.contextmanager
+def _recipe_group(name: str) -> Iterator[None]:
+    """The settings checks of recipe group ``name`` (a ``ValueError`` of the task or tiny-model configs) as a
+    :class:`SettingsError` naming the group: one line, no traceback."""
+    try:
+        yield
+    except UserError:
+        raise
+    except ValueError as error:
+        raise SettingsError(f"{name}: {error}") from error
 
 
 def synthetic_data_config(config: Any) -> SyntheticDataConfig:

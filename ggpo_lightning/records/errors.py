@@ -5,8 +5,8 @@ Each is also a ``ValueError``, as the checks raised before these types existed."
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "DataError", "DiskFullError", "MissingFileError", "ResumeError", "SettingsError",
-           "UserError"]
+__all__ = ["CheckpointError", "DataError", "DiskFullError", "FolderInUseError", "MissingFileError", "ResumeError",
+           "SettingsError", "UserError"]
 
 
 class UserError(Exception):
@@ -24,6 +24,11 @@ class DataError(UserError, ValueError):
 
 class MissingFileError(DataError, FileNotFoundError):
     """A file or folder the settings name does not exist (also a ``FileNotFoundError``, as raised before)."""
+
+
+class FolderInUseError(UserError, FileExistsError):
+    """A folder the settings name to build into holds files the builder did not write (the message names the
+    folder; also a ``FileExistsError``, as raised before)."""
 
 
 class CheckpointError(UserError, ValueError):

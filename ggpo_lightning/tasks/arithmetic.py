@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ggpo_lightning.records.atomic import atomic_write_text
+from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 
 __all__ = ["ArithmeticTask", "write_splits"]
 
@@ -123,7 +124,7 @@ def write_splits(
     comes from seed ``2 * seed + 1`` and train from ``2 * seed``, so different ``seed``
     values never share a stream. Every file is written atomically, and ``task.json``
     records the parameters: a second call with the same parameters reuses the files
-    without rewriting them; with other parameters it raises ``ValueError``.
+    without rewriting them; with other parameters it raises ``SettingsError`` (a ``ValueError``).
 
     Returns:
         ``(train_path, test_path)``.
@@ -152,8 +153,8 @@ def write_recorded_splits(directory: str | Path, params: dict[str, Any],
     """Write ``train.jsonl`` / ``test.jsonl`` of ``make_rows()`` once, recorded by ``params``.
 
     ``params`` (JSON-able) go to ``task.json``; a later call with equal ``params`` reuses
-    the files, with other ``params`` raises ``ValueError`` naming the differences, and over
-    split files without a record (not written by ``writer``) raises ``FileExistsError``.
+    the files, with other ``params`` raises ``SettingsError`` (a ``ValueError``) naming the differences, and over
+    split files without a record (not written by ``writer``) raises ``FolderInUseError`` (a ``FileExistsError``).
     Every file is written atomically; rows are made before anything is written.
     """
     directory = Path(directory)
@@ -161,14 +162,14 @@ def write_recorded_splits(directory: str | Path, params: dict[str, Any],
     if record_path.exists():
         differences = _differences(json.loads(record_path.read_text(encoding="utf-8")), params)
         if differences:
-            raise ValueError(
+            raise SettingsError(
                 f"{directory} holds splits made with other parameters ({'; '.join(differences)}). "
                 f"Delete {directory} to regenerate them, or choose another directory."
             )
         if train_path.exists() and test_path.exists():
             return train_path, test_path
     elif train_path.exists() or test_path.exists():
-        raise FileExistsError(
+        raise FolderInUseError(
             f"{directory} holds train.jsonl or test.jsonl but no {SPLITS_RECORD}, so they were not written "
             f"by {writer}; delete them or choose another directory."
         )

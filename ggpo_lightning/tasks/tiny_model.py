@@ -45,6 +45,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 from ggpo_lightning.tasks.synth_math import SynthMathTask, worked_solution
 
@@ -391,9 +392,9 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     """Return ``path`` holding the tiny model for ``config``, building it if absent.
 
     Raises:
-        ValueError: ``path`` holds a tiny model built with another config, or by code that
+        SettingsError: (a ``ValueError``) ``path`` holds a tiny model built with another config, or by code that
             builds different weights for the same config (names the differing fields).
-        FileExistsError: ``path`` exists but is not a tiny model folder.
+        FolderInUseError: (a ``FileExistsError``) ``path`` exists but is not a tiny model folder.
     """
     path = Path(path)
     with _build_lock(path):  # runs started together (a sweep's shards) build it once; the others wait, then reuse
@@ -401,7 +402,7 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
             return build_tiny_model(path, config)
     record_path = path / TINY_MODEL_RECORD
     if not record_path.is_file():
-        raise FileExistsError(f"{path} exists but has no {TINY_MODEL_RECORD}, so it is not a tiny model "
+        raise FolderInUseError(f"{path} exists but has no {TINY_MODEL_RECORD}, so it is not a tiny model "
                               f"built by ggpo-lightning; delete it or choose another path")
     record = json.loads(record_path.read_text(encoding="utf-8"))
     # settings added later than the build take their defaults (the weights they describe are the same)
@@ -410,7 +411,7 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
                                 **record["config"]},
                                {"build_version": _BUILD_VERSION, **_as_json(config)})
     if differences:
-        raise ValueError(f"the tiny model at {path} was built with another config or by another version of "
+        raise SettingsError(f"the tiny model at {path} was built with another config or by another version of "
                          f"ggpo-lightning ({'; '.join(differences)}); delete {path} to rebuild it, or choose "
                          f"another path")
     print(f"[tiny-model] reusing {path}", flush=True)

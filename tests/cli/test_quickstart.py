@@ -47,3 +47,18 @@ def test_the_fields_a_recipe_sets_choose_the_task_and_a_mix_is_an_error_naming_t
     assert synthetic_data_config(recipe(tmp_path, synthetic_data={"task": {}})).task == ArithmeticTask()
     with pytest.raises(SettingsError, match="synthetic_data.task sets families, levels, ops: give the fields of one task"):
         synthetic_data_config(recipe(tmp_path, synthetic_data={"task": {**synth, "ops": "+"}}))
+
+
+@pytest.mark.parametrize("top,message", [
+    ({"synthetic_data": {"task": {"families": ["foo"], "levels": [1]}}},
+     "synthetic_data: SynthMathTask.families: unknown 'foo'"),
+    ({"synthetic_data": {"task": TASK, "n_train": 1000}}, r"synthetic_data: n_train \+ n_test = \d+ exceeds"),
+    ({"synthetic_data": {"task": TASK, "n_train": 12, "n_test": 4}, "tiny_model": {"sft_check_every": 0}},
+     "tiny_model: invalid TinyModelConfig: sft_check_every must be >= 1, got 0"),
+])
+def test_a_bad_task_or_tiny_model_setting_is_one_line_naming_the_group_before_anything_is_written(tmp_path, top,
+                                                                                                     message):
+    with pytest.raises(SettingsError, match=message) as error:
+        build_quickstart_inputs(recipe(tmp_path, **top))
+    assert "\n" not in str(error.value)
+    assert list(tmp_path.iterdir()) == []  # no data written before the tiny model's settings were refused

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.tasks import tiny_model
 from ggpo_lightning.tasks.tiny_model import (
@@ -183,7 +184,7 @@ def test_runs_started_together_build_the_model_once_and_both_use_it(tmp_path: Pa
 def test_ensure_raises_on_a_config_mismatch_naming_the_fields(built):
     path, _ = built
     other = TinyModelConfig(**{**TINY.__dict__, "hidden_size": 64, "task": ArithmeticTask(ops="+-")})
-    with pytest.raises(ValueError, match=r"hidden_size: recorded 32, requested 64; task\.ops") as info:
+    with pytest.raises(SettingsError, match=r"hidden_size: recorded 32, requested 64; task\.ops") as info:
         ensure_tiny_model(path, other)
     assert str(path) in str(info.value)
 
@@ -194,13 +195,13 @@ def test_ensure_rejects_a_folder_built_by_another_builder_version(tmp_path: Path
     record = json.loads((path / "tiny_model.json").read_text())
     del record["build_version"]  # as written before the version was recorded
     (path / "tiny_model.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="build_version: recorded None"):
+    with pytest.raises(SettingsError, match="build_version: recorded None"):
         ensure_tiny_model(path, config)
 
 
 def test_ensure_and_build_refuse_a_foreign_existing_folder(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="no tiny_model.json"):
+    with pytest.raises(FolderInUseError, match="no tiny_model.json"):
         ensure_tiny_model(tmp_path, TINY)
     with pytest.raises(FileExistsError, match="already exists"):
         build_tiny_model(tmp_path, TINY)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.tasks import ArithmeticTask, write_splits
 from ggpo_lightning.tasks import arithmetic
 from ggpo_lightning.records import atomic
@@ -98,15 +99,15 @@ def test_existing_splits_with_same_parameters_are_reused_without_writing(tmp_pat
 
 def test_existing_splits_with_other_parameters_raise(tmp_path: Path):
     write_splits(ArithmeticTask(), tmp_path, n_train=50, n_test=10, seed=0)
-    with pytest.raises(ValueError, match=r"n_train: recorded 50, requested 60.*Delete"):
+    with pytest.raises(SettingsError, match=r"n_train: recorded 50, requested 60.*Delete"):
         write_splits(ArithmeticTask(), tmp_path, n_train=60, n_test=10, seed=0)
-    with pytest.raises(ValueError, match="'ops': '\\+-'"):
+    with pytest.raises(SettingsError, match="'ops': '\\+-'"):
         write_splits(ArithmeticTask(ops="+-"), tmp_path, n_train=50, n_test=10, seed=0)
 
 
 def test_foreign_split_files_are_not_overwritten(tmp_path: Path):
     (tmp_path / "train.jsonl").write_text('{"prompt": "mine"}\n')
-    with pytest.raises(FileExistsError, match="no task.json"):
+    with pytest.raises(FolderInUseError, match="no task.json"):
         write_splits(ArithmeticTask(), tmp_path, n_train=5, n_test=5, seed=0)
     assert (tmp_path / "train.jsonl").read_text() == '{"prompt": "mine"}\n'
 
