@@ -59,10 +59,11 @@ def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, sha
 
     ``shared_prefix`` adds the shared-prefix rows; with a ``pair_cost``
     (:func:`~ggpo_lightning.core.logprobs.attention_pair_cost`) only when their
-    :func:`~ggpo_lightning.core.logprobs.layout_cost` is below the padded rows' (a tie keeps the padded rows). ``mask_truncated`` leaves truncated responses out of
-    ``group_mask`` (what the objective sees); ``present_mask`` keeps every response (the behavior anchor's). The recorded behavior token log-probs
-    are packed when every group has them; ``require_behavior_logp`` makes their absence
-    a ValueError (e.g. a buffer file written without ``behavior_logprobs``).
+    :func:`~ggpo_lightning.core.logprobs.layout_cost` is below the padded rows' (a tie keeps the padded rows).
+    ``mask_truncated`` leaves truncated responses out of ``group_mask`` (what the objective sees); ``present_mask``
+    keeps every response (the behavior anchor's). The recorded behavior token log-probs are packed when every group
+    has them; ``require_behavior_logp`` makes their absence a ValueError (e.g. a buffer file written without
+    ``behavior_logprobs``).
     """
     k_max = max(g.k for g in groups)
     prompts = [g.prompt_ids for g in groups for _ in range(g.k)]
