@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ggpo_lightning.records.errors import SettingsError, UserError
-from ggpo_lightning.tasks.arithmetic import ArithmeticTask
+from ggpo_lightning.tasks.arithmetic import SPLITS_RECORD, ArithmeticTask
 from ggpo_lightning.tasks.synth_math import SynthMathTask
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, ensure_tiny_model
 
@@ -45,7 +45,9 @@ class SyntheticDataConfig:
 def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = False) -> None:
     """What the parsed recipe ``config`` asks to be built: the synthetic data (``synthetic_data``) into
     ``data.train_path``'s folder when that file is missing, then the tiny model (``tiny_model``) at
-    ``model.model_name_or_path`` when that folder is missing.
+    ``model.model_name_or_path`` when that folder is missing. Both groups' settings are checked first; data and a
+    model built before are checked against the settings they were built with (a mismatch is a
+    :class:`SettingsError`).
 
     Synthetic data is built only where the recipe itself says: a ``data.train_path`` given on the command line
     without ``synthetic_data`` settings there too (``train_path_from_command_line``) that does not exist is a
@@ -66,7 +68,10 @@ def build_quickstart_inputs(config: Any, train_path_from_command_line: bool = Fa
                                 "the recipe's own data.train_path: give an existing file, or drop "
                                 "--data.train_path to use the recipe's synthetic data (to generate it at this path, "
                                 "set a --synthetic_data option too)")
-        if not Path(train_path).is_file():
+        # splits written before are checked against their record: settings changed since are an error, not a
+        # silent reuse of the old rows
+        recorded = Path(train_path).name == "train.jsonl" and (Path(train_path).parent / SPLITS_RECORD).is_file()
+        if not Path(train_path).is_file() or recorded:
             with _recipe_group("synthetic_data"):  # the counts are checked against the task here
                 synthetic.task.write_splits(Path(train_path).parent, synthetic.n_train, synthetic.n_test,
                                             synthetic.seed)

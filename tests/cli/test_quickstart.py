@@ -24,6 +24,11 @@ def test_synthetic_data_is_written_where_the_recipe_reads_it_and_only_once(tmp_p
     train.write_text('{"id": "mine", "prompt": "1+1=", "answer": "2"}\n')
     build_quickstart_inputs(config)  # an existing file is the user's data: left alone
     assert "mine" in train.read_text()
+    changed = recipe(tmp_path, synthetic_data={"task": TASK, "n_train": 10, "n_test": 4, "seed": 1})
+    with pytest.raises(SettingsError, match=r"data holds splits made with other parameters \(n_train: "
+                                            r"recorded 12, requested 10\)"):
+        build_quickstart_inputs(changed)  # the recipe changed since: not a silent reuse of the old rows
+    assert "mine" in train.read_text()
     assert list(tmp_path.iterdir()) == [tmp_path / "data"]  # nothing written elsewhere
 
 
