@@ -1,7 +1,7 @@
 """The project's own error types: mistakes a user can fix. ``ggpo-train`` and ``ggpo`` print their message (the
 recipe key, the file and line, the fix) without a traceback; any other exception is a bug and keeps its traceback.
 
-Each is also a ``ValueError``, as the checks raised before these types existed."""
+Each is also the built-in type the check raised before these types existed (mostly ``ValueError``)."""
 
 from __future__ import annotations
 

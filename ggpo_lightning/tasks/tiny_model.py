@@ -403,7 +403,7 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     record_path = path / TINY_MODEL_RECORD
     if not record_path.is_file():
         raise FolderInUseError(f"{path} exists but has no {TINY_MODEL_RECORD}, so it is not a tiny model "
-                              f"built by ggpo-lightning; delete it or choose another path")
+                               f"built by ggpo-lightning; delete it or choose another path")
     record = json.loads(record_path.read_text(encoding="utf-8"))
     # settings added later than the build take their defaults (the weights they describe are the same)
     # through JSON, so that tuples compare equal to the lists read back from the record
@@ -412,8 +412,8 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
                                {"build_version": _BUILD_VERSION, **_as_json(config)})
     if differences:
         raise SettingsError(f"the tiny model at {path} was built with another config or by another version of "
-                         f"ggpo-lightning ({'; '.join(differences)}); delete {path} to rebuild it, or choose "
-                         f"another path")
+                            f"ggpo-lightning ({'; '.join(differences)}); delete {path} to rebuild it, or choose "
+                            f"another path")
     print(f"[tiny-model] reusing {path}", flush=True)
     return path
 

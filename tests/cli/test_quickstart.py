@@ -66,4 +66,4 @@ def test_a_bad_task_or_tiny_model_setting_is_one_line_naming_the_group_before_an
     with pytest.raises(SettingsError, match=message) as error:
         build_quickstart_inputs(recipe(tmp_path, **top))
     assert "\n" not in str(error.value)
-    assert list(tmp_path.iterdir()) == []  # no data written before the tiny model's settings were refused
+    assert list(tmp_path.iterdir()) == []  # nothing written: no data left behind by a refused tiny_model either

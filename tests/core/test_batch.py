@@ -66,7 +66,7 @@ def test_attention_pair_cost_and_layout_cost_against_hand_values():
     assert layout_cost(3, 100, 0.01) == pytest.approx(3 * 100 * (1 + 1.0))
 
 
-def _long_prompt_short_responses(prompt_len: int, response_len: int, k: int = 8):
+def _groups_of(prompt_len: int, response_len: int, k: int = 8):  # 4 groups of K equal-length responses
     return [make_group(list(range(1, prompt_len + 1)), [[7 + i % 3] * response_len for i in range(k)], [0.0] * k,
                        prompt_id=str(g)) for g in range(4)]
 
@@ -74,11 +74,11 @@ def _long_prompt_short_responses(prompt_len: int, response_len: int, k: int = 8)
 def test_pack_step_keeps_the_shared_prefix_rows_only_where_they_cost_less():
     pair = 1 / 1024  # the reasoning recipe's model
     # 3-token answers after 40-token prompts (the quickstart's shape): one row per group saves most positions
-    short = _long_prompt_short_responses(40, 3)
+    short = _groups_of(40, 3)
     assert pack_step(short, PAD, torch.device("cpu"), shared_prefix=True, pair_cost=pair).packed is not None
     # 70-token solutions after 49-token prompts (the reasoning recipe's): rows of up to 512 tokens with dense
-    # attention cost more than the 7 prompt copies they save per group (measured there: 1.67 s a step, 1.79 packed)
-    long = _long_prompt_short_responses(49, 70)
+    # attention cost more than the 6 prompt copies they save per group (measured there: 1.67 s a step, 1.79 packed)
+    long = _groups_of(49, 70)
     batch = pack_step(long, PAD, torch.device("cpu"), shared_prefix=True, pair_cost=pair)
     packed = pack_step(long, PAD, torch.device("cpu"), shared_prefix=True).packed  # no estimate: always packed
     assert batch.packed is None and packed is not None
