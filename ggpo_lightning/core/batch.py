@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ggpo_lightning.records.buffer import RolloutGroup
-from ggpo_lightning.core.logprobs import (PackedGroups, layout_cost, pack_groups, pack_sequences, packed_token_logprobs,
-                                         token_logprobs)
+from ggpo_lightning.core.logprobs import (PackedGroups, layout_cost, pack_groups, pack_sequences, packed_shape,
+                                         packed_token_logprobs, token_logprobs)
 from ggpo_lightning.core.objectives import ObjectiveInputs
 
 __all__ = ["ReferenceLogprobCache", "StepBatch", "batch_token_logprobs", "objective_inputs", "pack_step"]
@@ -78,10 +78,10 @@ def pack_step(groups: list[RolloutGroup], pad_id: int, device: torch.device, sha
     batch = StepBatch(groups, input_ids, attention, target, group_mask, rewards, versions,
                       present_mask=present, truncated=truncated)
     if shared_prefix:
-        packed = pack_groups([g.prompt_ids for g in groups], [g.response_ids for g in groups], pad_id, device=device)
-        if pair_cost is None or layout_cost(*packed.input_ids.shape, pair_cost) < layout_cost(*input_ids.shape,
-                                                                                              pair_cost):
-            batch.packed = packed
+        group_prompts, group_responses = [g.prompt_ids for g in groups], [g.response_ids for g in groups]
+        if pair_cost is None or (layout_cost(*packed_shape(group_prompts, group_responses), pair_cost)
+                                 < layout_cost(*input_ids.shape, pair_cost)):  # the rows built only when kept
+            batch.packed = pack_groups(group_prompts, group_responses, pad_id, device=device)
     flat = [torch.tensor(lp) for g in groups for lp in (g.behavior_logprobs or [])]
     if len(flat) != len(responses) and require_behavior_logp:
         raise ValueError("the objective needs behavior log-probs, but some groups lack them (a buffer file "

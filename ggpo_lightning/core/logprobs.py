@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 __all__ = ["SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost", "chunked_packed_token_logprobs",
-           "chunked_token_logprobs", "layout_cost", "pack_groups", "pack_sequences", "packed_token_logprobs",
-           "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
+           "chunked_token_logprobs", "layout_cost", "pack_groups", "pack_sequences", "packed_shape",
+           "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
 
 
 def pack_sequences(
@@ -90,19 +90,18 @@ def pack_groups(prompts: list[list[int]], responses: list[list[list[int]]], pad_
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (e.g. BOS) to condition the response on")
+    plan, _ = _plan_rows([len(p) for p in prompts], [[len(r) for r in g] for g in responses], max_row_tokens)
     rows: list[tuple[list[int], list[int], list[int]]] = []  # (tokens, positions, segment: 0 prompt, s response s)
     context: list[tuple[int, int]] = []  # (row, column) predicting each target
     targets: list[int] = []
-    for prompt, group in zip(prompts, responses):
-        row = None
-        for response in group:
-            if row is None or (len(row[0]) + len(response) > max_row_tokens and row[2][-1] > 0):
-                row = (list(prompt), list(range(len(prompt))), [0] * len(prompt))
-                rows.append(row)
-            tokens, positions, segments = row
+    for prompt, group, row_of in zip(prompts, responses, plan):
+        for response, r in zip(group, row_of):
+            if r == len(rows):
+                rows.append((list(prompt), list(range(len(prompt))), [0] * len(prompt)))
+            tokens, positions, segments = rows[r]
             segment, start = segments[-1] + 1, len(tokens)
             predictors = ([len(prompt) - 1] + list(range(start, start + len(response) - 1)))[:len(response)]
-            context.extend((len(rows) - 1, c) for c in predictors)
+            context.extend((r, c) for c in predictors)
             targets.extend(response)
             tokens.extend(response)
             positions.extend(range(len(prompt), len(prompt) + len(response)))
@@ -117,6 +116,31 @@ def pack_groups(prompts: list[list[int]], responses: list[list[list[int]]], pad_
     flat = torch.tensor([r * width + c for r, c in context], dtype=torch.long)  # [N]
     return PackedGroups(input_ids.to(device), position_ids.to(device), (same & causal).unsqueeze(1).to(device),
                         flat.to(device), torch.tensor(targets, dtype=torch.long, device=device))
+
+
+def packed_shape(prompts: list[list[int]], responses: list[list[list[int]]],
+                 max_row_tokens: int = 512) -> tuple[int, int]:
+    """``(rows, width)`` of :func:`pack_groups`' rows for these groups, from their lengths alone (nothing built)."""
+    _, widths = _plan_rows([len(p) for p in prompts], [[len(r) for r in g] for g in responses], max_row_tokens)
+    return len(widths), max(widths)
+
+
+def _plan_rows(prompt_lengths: list[int], response_lengths: list[list[int]],
+               max_row_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """:func:`pack_groups`' row rule on lengths: the row of each response (group by group) and each row's width. A
+    row takes the next response of its group while it stays within ``max_row_tokens`` or holds no response tokens
+    yet."""
+    plan: list[list[int]] = []
+    widths: list[int] = []
+    for prompt_length, group in zip(prompt_lengths, response_lengths):
+        rows_of_group: list[int] = []
+        for length in group:
+            if not rows_of_group or (widths[-1] + length > max_row_tokens and widths[-1] > prompt_length):
+                widths.append(prompt_length)
+            widths[-1] += length
+            rows_of_group.append(len(widths) - 1)
+        plan.append(rows_of_group)
+    return plan, widths
 
 
 def supports_packed(model: nn.Module) -> bool:

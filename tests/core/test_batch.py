@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ggpo_lightning.core.batch import ReferenceLogprobCache, batch_token_logprobs, objective_inputs, pack_step
-from ggpo_lightning.core.logprobs import attention_pair_cost, layout_cost
+from ggpo_lightning.core.logprobs import attention_pair_cost, layout_cost, packed_shape
 from ggpo_lightning.core.metrics import step_metrics
 from ggpo_lightning.models.loading import load_causal_lm
 from ggpo_lightning.testing import make_group
@@ -82,6 +82,7 @@ def test_pack_step_keeps_the_shared_prefix_rows_only_where_they_cost_less():
     batch = pack_step(long, PAD, torch.device("cpu"), shared_prefix=True, pair_cost=pair)
     packed = pack_step(long, PAD, torch.device("cpu"), shared_prefix=True).packed  # no estimate: always packed
     assert batch.packed is None and packed is not None
+    assert packed_shape([g.prompt_ids for g in long], [g.response_ids for g in long]) == tuple(packed.input_ids.shape)
     assert layout_cost(*packed.input_ids.shape, pair) > layout_cost(*batch.input_ids.shape, pair)
     assert packed.input_ids.numel() < batch.input_ids.numel()  # fewer positions, yet dearer
     assert pack_step(short, PAD, torch.device("cpu"), shared_prefix=False, pair_cost=pair).packed is None
