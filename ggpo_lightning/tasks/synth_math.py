@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from math import gcd
 from pathlib import Path
@@ -60,8 +61,8 @@ import sympy
 
 from ggpo_lightning.tasks.arithmetic import write_recorded_splits
 
-__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "SynthMathTask", "generate_synth_splits", "worked_solution",
-           "write_synth_splits"]
+__all__ = ["FAMILIES", "LEVELS", "SynthMathConfig", "SynthMathTask", "forgotten_carry", "generate_synth_splits",
+           "worked_solution", "write_synth_splits"]
 
 LEVELS = (1, 2, 3)
 # Bump when the rows generated for given parameters change: splits recorded with another
@@ -239,18 +240,22 @@ def _gcd(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
 _COLUMNS = ("Units", "Tens", "Hundreds", "Thousands")
 
 
-def _column_steps(top: int, bottom: int, op: str) -> list[str]:
+def _column_steps(top: int, bottom: int, op: str, forget_incoming: bool = False) -> tuple[list[str], str]:
     """Column addition (``op`` ``"+"``) or subtraction (``"-"``, ``top >= bottom``) of two numbers of as many
     digits, units first, one line a column: the digits with the carry (``+ 1``) or borrow (``- 1``) coming in, the
-    digit written and the carry or borrow going out; the last sum is written whole. The answer is the written digits
-    read back, last first, leading zeros dropped (``85`` here)::
+    digit written and the carry or borrow going out; the last sum is written whole. Returns the lines and the answer:
+    the written digits read back, last first, leading zeros dropped (``85`` here)::
 
         Units: $7 + 8 = 15$, write $5$, carry $1$.
         Tens: $4 + 3 + 1 = 8$, write $8$.
+
+    ``forget_incoming``: the slip of a solver who writes the carry or borrow down and then forgets it in the next
+    column (``Tens: $4 + 3 = 7$, write $7$.``, answer ``75``); each line stays consistent with what it shows.
     """
     digits = list(zip(map(int, reversed(str(top))), map(int, reversed(str(bottom)))))  # (top, bottom), units first
-    steps, incoming = [], 0  # incoming: the carry or borrow from the column before
+    steps, written, incoming = [], [], 0  # incoming: the carry or borrow from the column before
     for i, (x, y) in enumerate(digits):
+        incoming = 0 if forget_incoming else incoming
         shown = f"{x} {op} {y}" + (" + 1" if incoming and op == "+" else "")
         if op == "+":
             total = x + y + incoming
@@ -265,7 +270,24 @@ def _column_steps(top: int, bottom: int, op: str) -> list[str]:
             step = (f"${shown}$ borrows: ${top_digit + 10} - {y} = {digit}$" if incoming
                     else f"${shown} = {digit}$") + f", write ${digit}$"
         steps.append(f"{_COLUMNS[i]}: {step}.")
-    return steps
+        written.append(str(digit))
+    return steps, str(int("".join(reversed(written))))
+
+
+_COLUMNS_PROBLEM = re.compile(r"Compute \$(\d+) ([+-]) (\d+)\$ column by column\.")
+
+
+def forgotten_carry(problem: str) -> tuple[str, str] | None:
+    """``(answer, worked solution)`` of a ``columns`` problem worked with the slip of forgetting every carry or borrow
+    coming into a column (the column before still writes it down): a systematic error, the teacher of a warm-up
+    that makes it. ``None`` when ``problem`` is not a ``columns`` problem or has no carry or borrow (the slip
+    changes nothing)."""
+    match = _COLUMNS_PROBLEM.fullmatch(problem)
+    if match is None:
+        return None
+    top, op, bottom = int(match[1]), match[2], int(match[3])
+    slipped, answer = _column_steps(top, bottom, op, forget_incoming=True)
+    return None if slipped == _column_steps(top, bottom, op)[0] else (answer, worked_solution(slipped, answer))
 
 
 def _columns(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
@@ -273,8 +295,8 @@ def _columns(rng: random.Random, level: int) -> tuple[str, Value, list[str]]:
     top, bottom, op = rng.randint(low, high), rng.randint(low, high), rng.choice("+-")
     if op == "-" and top < bottom:  # a difference >= 0: the columns borrow from a larger top
         top, bottom = bottom, top
-    value = top + bottom if op == "+" else top - bottom
-    return f"Compute ${top} {op} {bottom}$ column by column.", value, _column_steps(top, bottom, op)
+    steps, answer = _column_steps(top, bottom, op)
+    return f"Compute ${top} {op} {bottom}$ column by column.", int(answer), steps
 
 
 FAMILIES: dict[str, Callable[[random.Random, int], tuple[str, Value, list[str]]]] = {

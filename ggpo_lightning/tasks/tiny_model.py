@@ -47,7 +47,7 @@ from transformers import (
 
 from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
-from ggpo_lightning.tasks.synth_math import SynthMathTask, worked_solution
+from ggpo_lightning.tasks.synth_math import SynthMathTask, forgotten_carry, worked_solution
 
 __all__ = ["TinyModelConfig", "build_reasoning_tokenizer", "build_tiny_model", "build_tiny_tokenizer",
            "ensure_tiny_model", "greedy_accuracy"]
@@ -148,6 +148,12 @@ class TinyModelConfig:
     sft_label_noise: float = 0.3
     """Fraction of warm-up targets made wrong, so the warm model is imperfect, like a base model: an arithmetic
     answer moved by +-1..3; a worked solution's final box given another problem's answer."""
+    sft_forgotten_carry: float = 0.0
+    """Fraction of the warm-up's ``columns`` problems with a carry or borrow whose worked solution forgets it in the
+    next column and boxes that wrong result (:func:`~ggpo_lightning.tasks.synth_math.forgotten_carry`): a teacher's
+    systematic slip, which the warm model learns as a habit (above 0.5 its greedy answers take it) and RL has to
+    unlearn. Unlike a fixed number of steps or a target, it sets the starting accuracy by the data, not by where
+    float rounding lands the warm-up. Needs a ``SynthMathTask`` with the ``columns`` family."""
     sft_seed: int = 12345
     """Seed of the warm-up problems and label noise; keep it apart from the seeds of the RL data."""
     sft_target_accuracy: float | None = None
@@ -179,8 +185,13 @@ class TinyModelConfig:
             errors.append(f"sft_steps must be >= 0, got {self.sft_steps}")
         if not self.sft_lr > 0:
             errors.append(f"sft_lr must be > 0, got {self.sft_lr}")
-        if not 0 <= self.sft_label_noise <= 1:
-            errors.append(f"sft_label_noise must be in [0, 1], got {self.sft_label_noise}")
+        for name in ("sft_label_noise", "sft_forgotten_carry"):
+            if not 0 <= getattr(self, name) <= 1:
+                errors.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        # an ArithmeticTask is only refused when the warm-up is built (_lesson): the CLI parses this group with the
+        # default task before the recipe's synthetic_data.task replaces it
+        if self.sft_forgotten_carry and isinstance(self.task, SynthMathTask) and "columns" not in self.task.families:
+            errors.append("sft_forgotten_carry needs a task with the columns family (synthetic_data.task.families)")
         if errors:
             raise ValueError("invalid TinyModelConfig: " + "; ".join(errors))
 
@@ -238,14 +249,19 @@ def _noisy_targets(rows: Sequence[dict[str, str]], noise: float, seed: int) -> l
             for row in rows]
 
 
-def _noisy_solutions(rows: Sequence[dict[str, Any]], noise: float, seed: int) -> list[str]:
-    """Worked solutions, a ``noise`` fraction of them boxing another row's answer (the steps stay right)."""
-    rng = random.Random(f"label-noise/{seed}")
+def _noisy_solutions(rows: Sequence[dict[str, Any]], noise: float, forgotten_carry_rate: float,
+                     seed: int) -> list[str]:
+    """Worked solutions: a ``forgotten_carry_rate`` fraction of those with a carry or borrow worked with the carry
+    forgotten, then a ``noise`` fraction boxing another row's answer (the steps stay as they are)."""
+    rng, slips = random.Random(f"label-noise/{seed}"), random.Random(f"forgotten-carry/{seed}")
     targets = []
     for row in rows:
-        solution = row["solution"]
+        solution, answer = row["solution"], row["answer"]
+        slipped = forgotten_carry(row["problem"])
+        if slipped is not None and slips.random() < forgotten_carry_rate:
+            answer, solution = slipped
         if rng.random() < noise:
-            box = worked_solution([], row["answer"])  # the last line: "The final answer is $\\boxed{...}$."
+            box = worked_solution([], answer)  # the last line: "The final answer is $\\boxed{...}$."
             solution = solution.removesuffix(box) + worked_solution([], rng.choice(rows)["answer"])
         targets.append(solution)
     return targets
@@ -272,15 +288,19 @@ def _lesson(config: TinyModelConfig) -> _Lesson:
     """``config.task``'s warm-up: arithmetic answers (the quickstart's tokenizer, exact match) or worked solutions (the
     reasoning tokenizer, the ``math`` verifier); the only place the two tasks differ."""
     task, reasoning = config.task, isinstance(config.task, SynthMathTask)
+    if config.sft_forgotten_carry and not reasoning:
+        raise ValueError("sft_forgotten_carry needs worked solutions of the columns family; the arithmetic task "
+                         "answers without steps")
     train = task.problems(config.sft_steps * config.sft_batch_size, seed=config.sft_seed)
     held_out = task.problems(_EVAL_PROBLEMS, seed=config.sft_seed + 1)
 
     def prompt(row: dict[str, Any]) -> str:  # {prompt} is the problem, as data.prompt_field maps it for the run
         return config.prompt_template.format(**{**row, "prompt": row["problem"] if reasoning else row["prompt"]})
 
-    noisy = _noisy_solutions if reasoning else _noisy_targets
+    targets = (_noisy_solutions(train, config.sft_label_noise, config.sft_forgotten_carry, config.sft_seed)
+               if reasoning else _noisy_targets(train, config.sft_label_noise, config.sft_seed))
     return _Lesson(build_reasoning_tokenizer() if reasoning else build_tiny_tokenizer(), [prompt(r) for r in train],
-                   noisy(train, config.sft_label_noise, config.sft_seed),
+                   targets,
                    [{"prompt": prompt(r), "answer": r["answer"]} for r in held_out], "math" if reasoning else None,
                    _SOLUTION_TOKENS if reasoning else _ANSWER_TOKENS)
 

@@ -21,7 +21,7 @@ from ggpo_lightning.tasks.tiny_model import (
     ensure_tiny_model,
     greedy_accuracy,
 )
-from ggpo_lightning.tasks import ArithmeticTask
+from ggpo_lightning.tasks import ArithmeticTask, SynthMathTask
 
 # GQA (1 kv head) on purpose; about 34k parameters, builds in about a second.
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, sft_steps=30)
@@ -228,6 +228,10 @@ def test_bad_config_values_are_reported_together():
         TinyModelConfig(num_kv_heads=3)
     with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
         TinyModelConfig(num_layers=0)
+    with pytest.raises(ValueError, match=r"sft_forgotten_carry must be in \[0, 1\]"):
+        TinyModelConfig(sft_forgotten_carry=-0.1)
+    with pytest.raises(ValueError, match="sft_forgotten_carry needs a task with the columns family"):
+        TinyModelConfig(sft_forgotten_carry=0.5, task=SynthMathTask(families=["linear"]))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -328,3 +332,27 @@ def test_the_reasoning_warm_up_teaches_worked_solutions_through_the_template_wit
     assert all(steps)  # ... after the same steps
     assert [r["prompt"] for r in lesson.held_out] == [PAPER_TEMPLATE.format(prompt=row["problem"])
                                                       for row in task.problems(128, seed=config.sft_seed + 1)]
+
+
+def test_the_reasoning_warm_up_forgets_carries_at_the_configured_rate_only_where_there_is_one():
+    from ggpo_lightning.tasks import SynthMathTask
+    from ggpo_lightning.tasks.synth_math import forgotten_carry
+    from ggpo_lightning.tasks.tiny_model import _lesson
+
+    task = SynthMathTask(families=["columns", "linear"], levels=[1])
+    config = TinyModelConfig(task=task, sft_steps=50, sft_batch_size=20, sft_label_noise=0.0, sft_forgotten_carry=0.7)
+    rows = task.problems(1000, seed=config.sft_seed)
+    slips = [forgotten_carry(row["problem"]) for row in rows]
+    targets = _lesson(config).targets
+    assert all(t == row["solution"] for t, row, s in zip(targets, rows, slips) if s is None)  # linear, no carry
+    carrying = [(t, row, s) for t, row, s in zip(targets, rows, slips) if s is not None]
+    taken = [t == s[1] for t, _, s in carrying]
+    assert all(t == s[1] or t == row["solution"] for t, row, s in carrying)  # slipped or right, nothing else
+    assert 200 < len(taken) < 300 and 0.6 < sum(taken) / len(taken) < 0.8  # ~43% of 500 columns rows carry
+    # label noise on top boxes another answer after the slipped steps; the rate 0 lesson is the plain one
+    noisy = _lesson(TinyModelConfig(**{**config.__dict__, "sft_label_noise": 1.0})).targets
+    assert all(n.rsplit("\n", 1)[0] == t.rsplit("\n", 1)[0] for n, t in zip(noisy, targets))
+    plain = _lesson(TinyModelConfig(**{**config.__dict__, "sft_forgotten_carry": 0.0})).targets
+    assert plain == [row["solution"] for row in rows]
+    with pytest.raises(ValueError, match="sft_forgotten_carry needs worked solutions of the columns family"):
+        _lesson(TinyModelConfig(sft_forgotten_carry=0.5))  # arithmetic answers have no columns to slip in

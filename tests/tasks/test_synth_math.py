@@ -310,13 +310,43 @@ def test_worked_solution_steps_by_hand():
         "Multiply: $\\frac{2}{3} \\times \\frac{3}{4} = \\frac{6}{12} = \\frac{1}{2}$."
     assert _evaluation_steps([2, 3, 4], ["+", "*"], fractions=False) == ["$3 \\times 4 = 12$.", "$2 + 12 = 14$."]
     assert _euclid(365, 219) == "$365 = 1 \\times 219 + 146$, then the remainders $73, 0$"
-    assert _column_steps(47, 38, "+") == ["Units: $7 + 8 = 15$, write $5$, carry $1$.",
-                                          "Tens: $4 + 3 + 1 = 8$, write $8$."]
-    assert _column_steps(95, 87, "+") == ["Units: $5 + 7 = 12$, write $2$, carry $1$.",
-                                          "Tens: $9 + 8 + 1 = 18$, write $18$."]
-    assert _column_steps(503, 497, "-") == ["Units: $3 - 7$ borrows: $13 - 7 = 6$, write $6$.",
-                                            "Tens: $0 - 1 - 9$ borrows: $9 - 9 = 0$, write $0$.",
-                                            "Hundreds: $5 - 1 - 4 = 0$, write $0$."]
+    assert _column_steps(47, 38, "+") == (["Units: $7 + 8 = 15$, write $5$, carry $1$.",
+                                           "Tens: $4 + 3 + 1 = 8$, write $8$."], "85")
+    assert _column_steps(95, 87, "+") == (["Units: $5 + 7 = 12$, write $2$, carry $1$.",
+                                           "Tens: $9 + 8 + 1 = 18$, write $18$."], "182")
+    assert _column_steps(503, 497, "-") == (["Units: $3 - 7$ borrows: $13 - 7 = 6$, write $6$.",
+                                             "Tens: $0 - 1 - 9$ borrows: $9 - 9 = 0$, write $0$.",
+                                             "Hundreds: $5 - 1 - 4 = 0$, write $0$."], "6")
+
+
+def test_the_forgotten_carry_slip_by_hand():
+    from ggpo_lightning.tasks.synth_math import forgotten_carry
+
+    assert forgotten_carry("Compute $47 + 38$ column by column.") == (
+        "75", "Units: $7 + 8 = 15$, write $5$, carry $1$.\nTens: $4 + 3 = 7$, write $7$.\n"
+        "The final answer is $\\boxed{75}$.")
+    assert forgotten_carry("Compute $53 - 29$ column by column.") == (
+        "34", "Units: $3 - 9$ borrows: $13 - 9 = 4$, write $4$.\nTens: $5 - 2 = 3$, write $3$.\n"
+        "The final answer is $\\boxed{34}$.")
+    # every borrow forgotten: the tens borrow on their own (0 < 9), the hundreds ignore it
+    assert forgotten_carry("Compute $503 - 497$ column by column.")[0] == "116"
+    assert forgotten_carry("Compute $21 + 38$ column by column.") is None  # no carry: nothing to forget
+    assert forgotten_carry("Compute $4 + 3$.") is None  # not a columns problem
+
+
+def test_forgotten_carries_are_wrong_exactly_on_the_problems_that_carry(verifier):
+    from ggpo_lightning.tasks.synth_math import forgotten_carry
+
+    rows = SynthMathTask(families=["columns"], levels=[1, 2, 3]).problems(300, seed=3)
+    slipped = [forgotten_carry(row["problem"]) for row in rows]
+    carries = [", carry $1$" in row["solution"] or "borrows" in row["solution"] for row in rows]
+    assert [s is not None for s in slipped] == carries and 0.3 < sum(carries) / len(rows) < 0.95
+    answers = [s[0] for s in slipped if s is not None]
+    solutions = [s[1] for s in slipped if s is not None]
+    golds = [row["answer"] for row, s in zip(rows, slipped) if s is not None]
+    assert all(solution.endswith(f"$\\boxed{{{answer}}}$.") for answer, solution in zip(answers, solutions))
+    assert verifier.score_batch(solutions, golds) == [0.0] * len(golds)
+    assert verifier.score_batch(solutions, answers) == [1.0] * len(golds)  # consistent with what it writes
 
 
 def test_worked_solutions_fit_the_reasoning_tokenizer(worked: list[dict]):
