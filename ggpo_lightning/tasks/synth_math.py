@@ -15,7 +15,8 @@ level):
 * ``gcd``: greatest common divisor of two numbers (level 3: of three).
 * ``columns``: ``a + b`` or ``a - b`` (``a >= b``) of two 2-, 3- or 4-digit numbers (levels 1, 2, 3), worked column
   by column: each step is one digit's sum or difference with its carry or borrow, so the length of the solution, not
-  any one step, carries the computation.
+  any one step, carries the computation. :func:`forgotten_carry` works such a problem with a classic slip (each
+  carry or borrow written down, then forgotten in the next column): a wrong teacher for a warm-up.
 
 With ``SynthMathConfig(solutions=True)`` (``ggpo data synth --solutions``) a row also carries ``solution``, a worked
 solution: a few short steps of text and LaTeX, one a line, ending in ``The final answer is $\boxed{answer}$.``

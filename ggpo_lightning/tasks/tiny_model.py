@@ -427,9 +427,11 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
     record = json.loads(record_path.read_text(encoding="utf-8"))
     # settings added later than the build take their defaults (the weights they describe are the same)
     # through JSON, so that tuples compare equal to the lists read back from the record
-    differences = _differences({"build_version": record.get("build_version"), **_as_json(TinyModelConfig()),
-                                **record["config"]},
-                               {"build_version": _BUILD_VERSION, **_as_json(config)})
+    recorded = {"build_version": record.get("build_version"), **_as_json(TinyModelConfig()), **record["config"]}
+    wanted = {"build_version": _BUILD_VERSION, **_as_json(config)}
+    if recorded["sft_target_accuracy"] is None and wanted["sft_target_accuracy"] is None:
+        del recorded["sft_check_every"], wanted["sft_check_every"]  # no checks ran: they did not shape the weights
+    differences = _differences(recorded, wanted)
     if differences:
         raise SettingsError(f"the tiny model at {path} was built with another config or by another version of "
                             f"ggpo-lightning ({'; '.join(differences)}); delete {path} to rebuild it, or choose "

@@ -305,6 +305,15 @@ def test_a_target_accuracy_ends_the_warm_up_at_the_first_check_that_reaches_it(t
         build_tiny_model(tmp_path / "weak", TinyModelConfig(**{**config.__dict__, "sft_steps": 8}))
 
 
+def test_the_check_interval_of_a_warm_up_without_a_target_does_not_force_a_rebuild(tmp_path):
+    config = TinyModelConfig(**{**TINY.__dict__, "sft_steps": 2})  # no target: the checks never run
+    path = build_tiny_model(tmp_path / "model", config)
+    assert ensure_tiny_model(path, TinyModelConfig(**{**config.__dict__, "sft_check_every": 7})) == path
+    with pytest.raises(SettingsError, match=r"sft_check_every: recorded 25, requested 7; sft_target_accuracy"):
+        ensure_tiny_model(path, TinyModelConfig(**{**config.__dict__, "sft_check_every": 7,
+                                                   "sft_target_accuracy": 0.5}))
+
+
 def test_a_build_recorded_before_new_settings_existed_is_still_reused(built):
     path, _ = built
     record_path = path / "tiny_model.json"
