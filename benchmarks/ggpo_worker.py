@@ -69,6 +69,7 @@ def main() -> None:
         f"--trainer.logger.init_args.save_dir={run_root}",
         "--checkpoint.save_last=false", f"--checkpoint.every_n_train_steps={10 * args.steps}",
         "--summary.export=false",
+        "--model.verifier_health.max_zero_reward_steps=null",  # a timing run on random weights may score 0 throughout
         f"--model.model_name_or_path={art / 'model'}",
         "--model.objective.name=ggpo", "--model.objective.beta=0.04", "--model.ref_refresh_every=0",
         "--model.rollout.k=8", "--model.rollout.sync_every=1",

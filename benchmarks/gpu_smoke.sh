@@ -96,6 +96,7 @@ HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2pr
     --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" --tiny_model.num_kv_heads "$KV_HEADS" \
     --tiny_model.intermediate_size "$INTERMEDIATE" --tiny_model.max_position_embeddings "$POSITIONS" \
     --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
+    --model.verifier_health.max_zero_reward_steps null \
     --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
     --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
     --synthetic_data.seed 0 \

@@ -296,9 +296,8 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
     def step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor,
                      rollout: RolloutBatch, token_logp: Tensor) -> dict[str, Tensor]:
         """The step's metrics and its rollout's, reduced over ranks, and the coverage of the learner by the behavior
-        (:func:`~ggpo_lightning.core.metrics.coverage_metrics`: from every rank's responses, not averaged;
-        ``token_logp`` ``[B, L]`` the learner's); the verifier's health checked on the reduced counts (the same on
-        every rank: every rank aborts at the same step, or none does)."""
+        (:func:`~ggpo_lightning.core.metrics.coverage_metrics`: every rank's responses, ``token_logp`` ``[B, L]`` the
+        learner's); verifier counts and reward checked once reduced (all ranks abort at one step, or none)."""
         metrics = step_metrics(inputs, loss, batch, self.global_step, self.objective_config.beta)
         metrics.update({k: torch.tensor(v) for k, v in rollout.metrics().items()})
         metrics["generated_samples"] = torch.tensor(float(self.generated_samples))  # cumulative: x-axis of efficiency
@@ -306,7 +305,8 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         metrics = reduce_step_metrics(metrics, self.device)
         metrics.update(coverage_metrics(token_logp, batch))
         verifier = {k.removeprefix("verifier/"): float(v) for k, v in metrics.items() if k.startswith("verifier/")}
-        self.verifier_health.check_step(verifier, self.global_step, rollout.counts.verify_seconds)
+        self.verifier_health.check_step(verifier, self.global_step, rollout.counts.verify_seconds,
+                                        float(metrics["reward"]))
         return metrics
 
     def _skip_nan_step(self) -> None:

@@ -26,6 +26,13 @@ class OutOfRange(Verifier):
         return 2.0
 
 
+class NeverRight(Verifier):
+    """A working checker whose golds no answer ever matches (as when the golds are in a form the answers never take)."""
+
+    def check(self, answer: str, gold: str) -> bool:
+        return False
+
+
 class Hangs(Verifier):
     def check(self, answer: str, gold: str) -> bool:
         time.sleep(3600)

@@ -344,7 +344,6 @@ def test_the_reasoning_warm_up_teaches_worked_solutions_through_the_template_wit
 
 
 def test_the_reasoning_warm_up_forgets_carries_at_the_configured_rate_only_where_there_is_one():
-    from ggpo_lightning.tasks import SynthMathTask
     from ggpo_lightning.tasks.synth_math import forgotten_carry
     from ggpo_lightning.tasks.tiny_model import _lesson
 
