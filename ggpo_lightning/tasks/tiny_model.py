@@ -159,8 +159,10 @@ class TinyModelConfig:
     sft_target_accuracy: float | None = None
     """Stop the warm-up at the first check (every ``sft_check_every`` steps) whose greedy accuracy on 128
     held-out warm-up problems reaches this; ``sft_steps`` is then the most steps. The accuracy a fixed number
-    of steps reaches is chaotic in float rounding (the same config gave 56% on one CPU and 15% on another), so
-    a target gives every machine a starting model of about the same strength. None = all ``sft_steps``."""
+    of steps reaches is chaotic in float rounding (the same config gave 56% on one CPU and 15% on another); a
+    target brings every machine's start to about the same greedy accuracy, but not the same model: what RL then
+    added to worked solutions differed per CPU and seed (+4 to +18 points; ``sft_forgotten_carry`` sets the start
+    by the data instead). None = all ``sft_steps``."""
     sft_check_every: int = 25
     """Warm-up steps between two accuracy checks (with ``sft_target_accuracy``)."""
 
