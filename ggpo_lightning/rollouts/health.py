@@ -52,7 +52,8 @@ class VerifierHealthConfig:
     """Warn once when a step with timed-out checks spent more than this share of its time waiting on the verifier."""
     max_zero_reward_steps: int | None = 20
     """Abort when every response (of every process) scored 0 in this many steps in a row: the rewards then teach
-    nothing. None: never (a benchmark on random weights)."""
+    nothing. Counted over steps that ran verifier checks (offline replay, whose rewards were scored before training,
+    is not watched). None: never (a benchmark on random weights)."""
     enabled: bool = True
     """False: never abort, on failed checks or zero rewards (the counts are still logged as ``train/verifier/*``)."""
 
