@@ -24,12 +24,13 @@ def make_data(data_dir, **kwargs) -> PromptGroupDataModule:
     return PromptGroupDataModule(str(data_dir / "train.jsonl"), str(data_dir / "test.jsonl"), **kwargs)
 
 
-def fit(module, datamodule, steps, callbacks=(), tmp_path=None, **trainer_kwargs):
+def fit(module, datamodule, steps, callbacks=(), tmp_path=None, ckpt_path=None, **trainer_kwargs):
+    trainer_kwargs.setdefault("enable_checkpointing", False)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                        enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0, callbacks=list(callbacks),
                         default_root_dir=tmp_path or tempfile.mkdtemp(prefix="ggpo-test-"), **trainer_kwargs)
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
 
 

@@ -6,9 +6,12 @@ weights, optimizer, loops, callbacks, the DataModule's state) plus one entry,
 :meth:`RunState.to_dict` / :meth:`RunState.from_dict`. ``ggpo eval`` reads the same
 schema (:func:`read_checkpoint`). Torch only, no Lightning.
 
-Schema versions: 1 (checkpoints written before the schema was made explicit) had no ``schema`` key and, before per-rank state, kept
-one process's ``rng`` and ``generated_samples`` at the top level; both still load. 2 had no
-``fingerprint``; such checkpoints resume with a warning that nothing was checked.
+Schema versions: 1 (checkpoints written before the schema was made explicit) had no ``schema`` key and, before
+per-rank state, kept one process's ``rng`` and ``generated_samples`` at the top level; both still load. 2 had no
+``fingerprint``; such checkpoints resume with a warning that nothing was checked. Up to 3 the rollout side was
+split: the engine's weights and version at the top level of this entry, the asynchronous backlog and the prompt
+order in the DataModule's entry; 4 keeps all three in one :class:`RolloutState` (:meth:`RunState.from_checkpoint`
+reads the older layout into it).
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ from torch import Tensor
 from ggpo_lightning.records.errors import CheckpointError, ResumeError
 from ggpo_lightning.core.distributed import world
 
-__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "SETTINGS_ADDED", "LoraState", "RankState", "RunState",
+__all__ = ["CHECKPOINT_KEY", "SCHEMA_VERSION", "SETTINGS_ADDED", "LoraState", "RankState", "RolloutState", "RunState",
            "check_fingerprint", "current_rank_state", "fingerprint_differences", "learner_weights", "read_checkpoint",
            "restore_rank_state", "run_fingerprint"]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "ggpo"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+LEGACY_DATA_KEY = "PromptGroupDataModule"
+"""The DataModule's entry of a checkpoint, where schemas up to 3 kept the asynchronous backlog (key ``"async"``)."""
 
 
 @dataclass
@@ -58,15 +63,35 @@ class LoraState:
 
 
 @dataclass
+class RolloutState:
+    """The rollout side of a run, read together: the engine that generates, what it generated that the learner has
+    not trained on yet, and where the prompt stream stands (the next prompts the backlog did not take)."""
+
+    engine_version: int
+    """Optimizer step of the weights the rollout engine holds."""
+    engine_state: dict[str, Tensor] | None
+    """The engine's weights; None when equal to the learner's (re-synced on resume)."""
+    backlog: dict[str, Any] | None = None
+    """The rollout source's state (``RolloutSource.state_dict``: the asynchronous schedule's queued batches and the
+    prompts of the batch in progress); None: nothing ahead of the learner."""
+    prompts: dict[str, Any] | None = None
+    """The prompt stream's position (``PromptGroupDataModule.prompt_state``); None in checkpoints up to schema 3,
+    whose DataModule entry holds it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types for ``torch.save``; the engine's tensors as they are."""
+        return {"engine_version": self.engine_version, "engine_state": self.engine_state, "backlog": self.backlog,
+                "prompts": self.prompts}
+
+
+@dataclass
 class RunState:
     """``checkpoint["ggpo"]``: the module's state beyond its weights."""
 
     model_name_or_path: str
     """The base model the learner weights load into (what ``ggpo eval`` uses)."""
-    engine_version: int
-    """Optimizer step of the weights the rollout engine holds."""
-    engine_state: dict[str, Tensor] | None
-    """The engine's weights; None when equal to the learner's (rebuilt on resume)."""
+    rollout: RolloutState
+    """The engine, the backlog and the prompt stream (:class:`RolloutState`)."""
     nan_steps: int
     """Skipped non-finite steps so far."""
     ranks: list[RankState]
@@ -77,15 +102,25 @@ class RunState:
     schema: int = field(default=SCHEMA_VERSION)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain types for ``torch.save``; tensors as they are (``asdict`` would deep-copy the engine's weights)."""
-        return {"schema": self.schema, "model_name_or_path": self.model_name_or_path,
-                "engine_version": self.engine_version, "engine_state": self.engine_state,
-                "nan_steps": self.nan_steps, "ranks": [vars(r) for r in self.ranks],
+        """Plain types for ``torch.save``, in this schema's layout (whatever schema the state was read from); tensors
+        as they are (``asdict`` would deep-copy the engine's weights)."""
+        return {"schema": SCHEMA_VERSION, "model_name_or_path": self.model_name_or_path,
+                "rollout": self.rollout.to_dict(), "nan_steps": self.nan_steps, "ranks": [vars(r) for r in self.ranks],
                 "lora": asdict(self.lora) if self.lora else None, "fingerprint": self.fingerprint}
 
     @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> RunState:
+        """The run state of a whole Lightning checkpoint dict: :meth:`from_dict` of its ``"ggpo"`` entry, with the
+        asynchronous backlog that schemas up to 3 kept in the DataModule's entry."""
+        state = cls.from_dict(checkpoint[CHECKPOINT_KEY])
+        if state.schema < 4:
+            state.rollout.backlog = (checkpoint.get(LEGACY_DATA_KEY) or {}).get("async")
+        return state
+
+    @classmethod
     def from_dict(cls, state: dict[str, Any]) -> RunState:
-        """Any schema version's dict; CheckpointError for a newer schema than this code reads."""
+        """Any schema version's dict (up to 3 without the backlog: :meth:`from_checkpoint`); CheckpointError for a
+        newer schema than this code reads."""
         schema = state.get("schema", 1)
         if schema > SCHEMA_VERSION:
             raise CheckpointError(f"the checkpoint has schema {schema}, newer than this ggpo-lightning reads "
@@ -93,8 +128,9 @@ class RunState:
         # schema 1 before per-rank state: one process's state at the top level
         ranks = state.get("ranks") or [{k: state[k] for k in ("rng", "generated_samples")}]
         lora = state.get("lora")
-        return cls(model_name_or_path=state["model_name_or_path"], engine_version=state["engine_version"],
-                   engine_state=state["engine_state"], nan_steps=state["nan_steps"],
+        rollout = (RolloutState(**state["rollout"]) if schema >= 4 else
+                   RolloutState(state["engine_version"], state["engine_state"]))
+        return cls(model_name_or_path=state["model_name_or_path"], rollout=rollout, nan_steps=state["nan_steps"],
                    ranks=[RankState(**r) for r in ranks], lora=LoraState(**lora) if lora else None,
                    fingerprint=state.get("fingerprint"), schema=schema)
 

@@ -1,4 +1,5 @@
-"""Callbacks of a training run: the rollout sync and reference refresh schedules, the step progress bar, held-out
+"""Callbacks of a training run: the reference refresh schedule (and the every-N-updates base of the rollout sync's,
+:class:`~ggpo_lightning.training.rollout_loop.RolloutLoop`), the step progress bar, held-out
 accuracy before/after with the export and ``summary.json`` (:class:`RunSummary`), and what a stopped run saves
 (:class:`RunGuard`)."""
 
@@ -24,12 +25,12 @@ from ggpo_lightning.core.distributed import sum_across_ranks, world
 from ggpo_lightning.models.export import write_folder
 from ggpo_lightning.rollouts.health import RunAborted
 
-__all__ = ["ReferenceRefresh", "RolloutSync", "RunGuard", "RunInterrupted", "RunSummary", "StepProgressBar"]
+__all__ = ["EveryNUpdates", "ReferenceRefresh", "RunGuard", "RunInterrupted", "RunSummary", "StepProgressBar"]
 
 log = logging.getLogger(__name__)
 
 
-class _EveryNUpdates(L.Callback, abc.ABC):
+class EveryNUpdates(L.Callback, abc.ABC):
     """Runs :meth:`act` after every ``every``-th optimizer update (once per update)."""
 
     def __init__(self, every: int) -> None:
@@ -55,14 +56,7 @@ class _EveryNUpdates(L.Callback, abc.ABC):
         self.last_step = state_dict["last_step"]
 
 
-class RolloutSync(_EveryNUpdates):
-    """Copies the learner into the rollout engine every N optimizer updates (N = 1: near on-policy)."""
-
-    def act(self, pl_module: L.LightningModule) -> None:
-        pl_module.sync_rollout_engine()
-
-
-class ReferenceRefresh(_EveryNUpdates):
+class ReferenceRefresh(EveryNUpdates):
     """Copies the learner into the frozen reference every M optimizer updates (the paper: 160)."""
 
     def act(self, pl_module: L.LightningModule) -> None:

@@ -10,9 +10,11 @@ The training dataloader is an endless stream; each item is one optimizer step's
   rolling out the training prompts with the initial model, and never refreshed.
 
 The DataModule keeps the prompts (their order: :meth:`PromptGroupDataModule.step_prompts`) and the buffer; rolling
-out needs the models, which it does not know: the module hands it the source with
-:meth:`PromptGroupDataModule.connect_source` in its ``setup``. Everything runs in the main process
-(``num_workers=0``): the engine's model must not be copied into worker processes.
+out needs the models, which it does not know: the source's owner
+(:class:`~ggpo_lightning.training.rollout_loop.RolloutLoop`) sets :attr:`PromptGroupDataModule.source` at ``setup``
+and saves the prompt stream's position with the source's backlog (:meth:`PromptGroupDataModule.prompt_state`).
+Everything runs in the main process (``num_workers=0``): the engine's model must not be copied into worker
+processes.
 
 On several processes (DDP, FSDP) ``prompts_per_step`` counts the whole step: every rank
 walks the same prompt order and takes every ``world``-th prompt of each step from its
@@ -37,10 +39,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ggpo_lightning.records.errors import MissingFileError, SettingsError
-from ggpo_lightning.records.buffer import BehaviorBuffer, RolloutGroup
 from ggpo_lightning.core.distributed import all_gather_objects, interleave, rank_share, world
-from ggpo_lightning.records.errors import DataError, SettingsError
+from ggpo_lightning.records.buffer import BehaviorBuffer, RolloutGroup
+from ggpo_lightning.records.errors import DataError, MissingFileError, SettingsError
 from ggpo_lightning.records.formats import FORMATS
 from ggpo_lightning.records.prompts import PromptRow, load_dataset_rows, load_prompt_rows
 from ggpo_lightning.rollouts.group import RolloutCounts
@@ -182,16 +183,8 @@ class PromptGroupDataModule(L.LightningDataModule):
         self._epoch = 0
         self._filled = False
         self.source: RolloutSource | None = None
-        self._source_state: dict[str, Any] | None = None  # a checkpoint's, restored before a source connects
-
-    def connect_source(self, source: RolloutSource) -> None:
-        """Where the step's fresh groups come from (the module's rollout engine, verifier and schedule); it takes
-        its prompts from :meth:`step_prompts`."""
-        self.source = source
-        source.connect(self.step_prompts)
-        if self._source_state is not None:
-            source.load_state_dict(self._source_state)
-            self._source_state = None
+        """Where the step's fresh groups come from (the module's rollout engine, verifier and schedule), taking its
+        prompts from :meth:`step_prompts`; set by :class:`~ggpo_lightning.training.rollout_loop.RolloutLoop`."""
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -203,7 +196,8 @@ class PromptGroupDataModule(L.LightningDataModule):
         self.load_rows()
 
     def load_rows(self) -> None:
-        """Read the training and held-out prompts (once); errors name ``file:line`` (:mod:`~ggpo_lightning.records.prompts`).
+        """Read the training and held-out prompts (once); errors name ``file:line``
+        (:mod:`~ggpo_lightning.records.prompts`).
 
         ``ggpo-train`` calls it before any model loads (:mod:`~ggpo_lightning.training.preflight`)."""
         if self.train_path is not None and not Path(self.train_path).is_file():
@@ -262,24 +256,25 @@ class PromptGroupDataModule(L.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """The buffers and whether the offline fill ran. The prompt stream's position is saved with the rollout
+        source's backlog (:meth:`prompt_state`): a producer thread advances it."""
         # Called on every rank; Lightning saves rank 0's: each rank's buffer is gathered into it.
-        buffers = all_gather_objects(self.buffer.state_dict())
-        with self.source.prompts_frozen():  # async rollouts advance the prompt order in their thread: read both together
-            state = {"buffers": buffers, "order": list(self._order), "cursor": self._cursor, "epoch": self._epoch,
-                     "filled": self._filled}
-            source = self.source.state_dict()
-        if source is not None:
-            state["async"] = source  # the key of the batches produced ahead since schema 3
-        return state
+        return {"buffers": all_gather_objects(self.buffer.state_dict()), "filled": self._filled}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(self._my_buffer_state(state.get("buffers") or [state["buffer"]]))
-        self._order, self._cursor, self._epoch = state["order"], state["cursor"], state["epoch"]
         self._filled = state["filled"]
-        if self.source is not None:
-            self.source.load_state_dict(state.get("async"))
-        else:
-            self._source_state = state.get("async")
+        if "order" in state:  # a checkpoint up to schema 3: the prompt stream's position was kept here
+            self.load_prompt_state(state)
+
+    def prompt_state(self) -> dict[str, Any]:
+        """Where the prompt stream stands: the current pass's order, the position in it and the pass number. Read it
+        with the rollout source's backlog, under ``RolloutSource.prompts_frozen``."""
+        return {"order": list(self._order), "cursor": self._cursor, "epoch": self._epoch}
+
+    def load_prompt_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`prompt_state`; a pass over other training data than the saved one starts anew."""
+        self._order, self._cursor, self._epoch = list(state["order"]), state["cursor"], state["epoch"]
         if self._order and (len(self._order) != len(self.train_rows)):
             # other training data (a resume with resume_mismatch_ok): the saved pass does not index it
             warnings.warn(f"the checkpoint's prompt order covers {len(self._order)} prompts, the training data has "
@@ -320,8 +315,8 @@ class PromptGroupDataModule(L.LightningDataModule):
         """This rank's share of one optimizer step's prompt groups, after adding the fresh ones (online), or filling
         the buffer once (offline)."""
         if self.source is None:
-            raise RuntimeError("PromptGroupDataModule has no rollout source: the LightningModule connects one in its "
-                               "setup (connect_source)")
+            raise RuntimeError("PromptGroupDataModule has no rollout source: GGPOModule's RolloutLoop callback sets "
+                               "one at setup")
         _, world_size = world()
         step = self.trainer.global_step
         if self.mode == "online":

@@ -7,13 +7,15 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-from ggpo_lightning.core.schedule import lr_multiplier
+from ggpo_lightning.core.schedule import LRScheduleConfig, lr_multiplier
+from ggpo_lightning.models.policy import Policy
 from ggpo_lightning.records.errors import SettingsError
 
 __all__ = ["NanGuard", "UpdateHooks"]
@@ -30,8 +32,14 @@ class UpdateHooks(L.LightningModule):
     that returns ``train_start`` (its clock) and ``train_tokens`` gets ``train/train_seconds`` and
     ``train/train_tokens_per_s`` recorded after the update (on a GPU also ``train/peak_memory_gb``,
     ``torch.cuda.max_memory_allocated``), with ``train/grad_norm`` (:meth:`configure_gradient_clipping`). The subclass
-    sets ``optimizer_factory`` (learner parameters -> optimizer), ``lr_schedule`` (a
-    :class:`~ggpo_lightning.core.schedule.LRScheduleConfig` or None) and ``policy``."""
+    sets the attributes annotated here."""
+
+    optimizer_factory: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    """The learner's trainable parameters -> the optimizer (``model.optimizer``)."""
+    lr_schedule: LRScheduleConfig | None
+    """``model.lr_scheduler``; None: a constant learning rate."""
+    policy: Policy
+    """Learner and reference; the optimizer covers :meth:`~ggpo_lightning.models.policy.Policy.trainable_parameters`."""
 
     last_step_metrics: dict[str, float]
     """The latest training step's metrics as written to the loggers (``train/...`` keys, floats), for callbacks;

@@ -12,10 +12,12 @@ One optimizer step (:meth:`GGPOModule.training_step`) reads top to bottom:
    recorded (:meth:`~ggpo_lightning.training.hooks.UpdateHooks.record_step_metrics`; written to the loggers after
    the update); a non-finite loss skips the step.
 
-After each update two schedules run (callbacks): the rollout source publishes the learner's weights to its engine
-every ``rollout.sync_every`` updates (staleness) and the reference becomes the learner every ``ref_refresh_every``
-(``docs/METHOD.md#reference-refresh``). The module never asks which engine or schedule runs
-(:mod:`ggpo_lightning.rollouts`); models, LoRA and FSDP live in :class:`~ggpo_lightning.models.policy.Policy`.
+After each update two schedules run (callbacks): the rollout source's owner
+(:class:`~ggpo_lightning.training.rollout_loop.RolloutLoop`: connection, publishing, checkpoints, closing) publishes
+the learner's weights to the engine every ``rollout.sync_every`` updates (staleness), and the reference becomes the
+learner every ``ref_refresh_every`` (``docs/METHOD.md#reference-refresh``). The module never asks which engine or
+schedule runs (:mod:`ggpo_lightning.rollouts`); models, LoRA and FSDP live in
+:class:`~ggpo_lightning.models.policy.Policy`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs, pack_step
+from ggpo_lightning.core.batch import (ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs,
+                                       pack_step)
 from ggpo_lightning.core.distributed import reduce_step_metrics, world
 from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.logprobs import attention_pair_cost, supports_packed
@@ -53,11 +56,12 @@ from ggpo_lightning.rollouts.engine import RolloutEngine
 from ggpo_lightning.rollouts.engines import make_engine
 from ggpo_lightning.rollouts.group import ChatTemplate, GroupRollout
 from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig
-from ggpo_lightning.rollouts.source import RolloutBatch, make_source
-from ggpo_lightning.training.callbacks import ReferenceRefresh, RolloutSync, StepProgressBar
+from ggpo_lightning.rollouts.source import RolloutBatch
+from ggpo_lightning.training.callbacks import ReferenceRefresh, StepProgressBar
 from ggpo_lightning.training.checkpoint_hooks import CheckpointHooks
 from ggpo_lightning.training.data import TrainingBatch
 from ggpo_lightning.training.hooks import NanGuard, UpdateHooks
+from ggpo_lightning.training.rollout_loop import RolloutLoop
 from ggpo_lightning.training.settings import check_settings
 
 __all__ = ["GGPOModule"]
@@ -159,7 +163,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.staleness_limit)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.group_rollout = GroupRollout(engine, self.tokenizer, self.rollout_config, chat_template)
-        self.source = make_source(self.rollout_config, self.group_rollout, self.policy.engine_weights)
+        self.rollout_loop = RolloutLoop(self.rollout_config, self.group_rollout, self.policy.engine_weights)
         self.reference_cache = ReferenceLogprobCache()
         self.nan_guard = NanGuard(max_nan_steps)
 
@@ -181,7 +185,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         if self.group_rollout.verifier is None:
             self.group_rollout.verifier = get_verifier(self.verifier_spec, timeout=self.verifier_timeout)
         self.engine.to(self.device)
-        rank, world_size = world()
+        rank = world()[0]
         if rank > 0 and stage == "fit":
             # every rank starts from the same seed: give each other rank its own sampling stream
             # (rank 0 keeps the stream a single process would have)
@@ -192,15 +196,8 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         validate_golds(datamodule.train_rows + datamodule.val_rows, self.group_rollout.verifier)
         if datamodule.mode != "online":  # replayed data: every update moves the learner further from its behavior
             self.anchor_weight = self.objective_config.anchor_weight(None)
-        if errors := self.source.run_errors(datamodule.mode, world_size):
-            raise SettingsError("; ".join(errors))
-        datamodule.connect_source(self.source)
-
-    def on_train_end(self) -> None:
-        self.source.close()  # before the final evaluation: rollouts ahead would compete for the cores
 
     def teardown(self, stage: str) -> None:
-        self.source.close()
         if self.group_rollout.verifier is not None:
             self.group_rollout.verifier.close()
             self.group_rollout.verifier = None
@@ -231,7 +228,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
     def configure_callbacks(self) -> list[L.Callback]:
         # Callbacks, not module hooks: Lightning runs checkpoint callbacks last, so a checkpoint
         # taken at step s already holds the engine and reference as updated at step s.
-        schedules: list[L.Callback] = [RolloutSync(self.rollout_config.sync_every)]
+        schedules: list[L.Callback] = [self.rollout_loop]
         if self.ref_refresh_every:
             schedules.append(ReferenceRefresh(self.ref_refresh_every))
         if type(self.trainer.progress_bar_callback) is RichProgressBar:  # Lightning's default bar: replaced
@@ -312,11 +309,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
     def _skip_nan_step(self) -> None:
         self.record_step_metrics({"train/nan_steps": float(self.nan_guard.skip(self.trainer))})
 
-    # ------------------------------------------------------------------ schedules (called by the callbacks)
-
-    def sync_rollout_engine(self) -> None:
-        """The learner's weights to the rollout engine, tagged with the current step (:meth:`RolloutSource.publish`)."""
-        self.source.publish(version=self.global_step)
+    # ------------------------------------------------------------------ the reference schedule (its callback calls it)
 
     def refresh_reference(self) -> None:
         """The reference becomes the learner (:meth:`Policy.refresh_reference`); cached reference log-probs go."""
@@ -332,12 +325,12 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         if not rows:
             raise ValueError("evaluate() needs at least one prompt")
         # no generation meanwhile (async rollouts share the global RNG, seeded here, and the verifier pool)
-        with self.source.paused():
-            accuracy, checks = heldout_accuracy(self.learner, self.tokenizer,
-                                                [self.group_rollout.encode(r.prompt, r.messages) for r in rows], [r.gold for r in rows],
-                                                self.group_rollout.verifier, self.eval_config,
-                                                self.rollout_config.sampling.top_p,
-                                                self.rollout_config.sampling.max_new_tokens, self.device)
+        prompts = [self.group_rollout.encode(r.prompt, r.messages) for r in rows]
+        sampling = self.rollout_config.sampling
+        with self.rollout_loop.paused():
+            accuracy, checks = heldout_accuracy(self.learner, self.tokenizer, prompts, [r.gold for r in rows],
+                                                self.group_rollout.verifier, self.eval_config, sampling.top_p,
+                                                sampling.max_new_tokens, self.device)
         self.verifier_health.check_evaluation(checks, f"held-out evaluation at step {self.global_step}")
         return accuracy
 

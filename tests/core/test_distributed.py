@@ -106,7 +106,8 @@ def test_online_ranks_roll_out_disjoint_shares_of_each_step(tmp_path, monkeypatc
             return [make_group([1], [[2], [3]], [1.0, 0.0], prompt_id=r.id) for r in rows]
 
         dm.trainer = SimpleNamespace(global_step=0)
-        dm.connect_source(SyncSource(FunctionRollout(rollout), dict))
+        dm.source = SyncSource(FunctionRollout(rollout), dict)
+        dm.source.connect(dm.step_prompts)
         drawn[rank] = [[g.prompt_id for g in dm.next_batch().groups] for _ in range(3)]
         assert drawn[rank] == rolled  # each rank trains on the groups it rolled out itself
     _as_rank(monkeypatch, 0, 1)

@@ -39,7 +39,7 @@ def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_p
     last = run_dir(tmp_path / "runs") / "checkpoints" / "last.ckpt"
     checkpoint = read_checkpoint(last)
     assert checkpoint["global_step"] == 3
-    backlog = checkpoint["PromptGroupDataModule"]["async"]
+    backlog = checkpoint["ggpo"]["rollout"]["backlog"]
     queued = [[[g["prompt_id"], g["behavior_version"], g["response_ids"]] for g in b["groups"]]
               for b in backlog["queued"]]
     # the tiny model generates faster than it trains: the producer was ahead when the checkpoint was taken

@@ -38,7 +38,7 @@ def test_an_async_run_trains_within_the_staleness_bound_and_logs_its_waits(tmp_p
         assert float(row["train/rollout_wait_seconds"]) >= 0 and float(row["train/async_queue"]) <= bound + 1
         assert float(row["train/verifier/total"]) == 4 * 8  # the verifier's counts of the step's own batch
     assert max(float(r["train/staleness_max"]) for r in rows) >= 1  # the producer did generate ahead
-    assert not cli.model.source.producer.running  # stopped before the final evaluation
+    assert not cli.model.rollout_loop.source.producer.running  # stopped before the final evaluation
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -1,4 +1,4 @@
-"""The checkpoint schema: round trip, old checkpoints (tests/assets/schema1) resume and load in ggpo eval."""
+"""The checkpoint schema: round trip, old checkpoints (tests/assets/schema1, schema3*) resume and load in ggpo eval."""
 
 from __future__ import annotations
 
@@ -16,11 +16,20 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "schema1"
 def test_a_schema_1_checkpoint_reads_into_the_schema():
     state = RunState.from_dict(read_checkpoint(ASSETS / "step3.ckpt")[CHECKPOINT_KEY])
     assert state.schema == 1 and state.fingerprint is None  # written before the schema had a version
-    assert state.engine_version == 2  # synced at step 2, saved at 3
-    assert state.engine_state is not None and len(state.ranks) == 1 and state.lora is None
+    assert state.rollout.engine_version == 2  # synced at step 2, saved at 3
+    assert state.rollout.engine_state is not None and len(state.ranks) == 1 and state.lora is None
     assert state.ranks[0].generated_samples == 3 * 3 * 3  # 3 steps x 3 prompts x K=3
     again = RunState.from_dict(state.to_dict())
-    assert again.ranks == state.ranks and again.engine_state is state.engine_state
+    assert again.schema == SCHEMA_VERSION == 4  # written anew: the rollout side in one entry
+    assert again.ranks == state.ranks and again.rollout.engine_state is state.rollout.engine_state
+
+
+def test_a_schema_3_async_checkpoint_reads_its_backlog_from_the_datamodules_entry():
+    checkpoint = read_checkpoint(ASSETS.parent / "schema3-7d63ac6" / "async_step3.ckpt")
+    state = RunState.from_checkpoint(checkpoint)
+    assert state.schema == 3 and state.rollout.prompts is None  # the DataModule's entry holds the prompt order
+    assert state.rollout.backlog == checkpoint["PromptGroupDataModule"]["async"]
+    assert [batch["version"] for batch in state.rollout.backlog["queued"]] == [1, 2]
 
 
 def test_a_newer_schema_is_refused_naming_the_upgrade():
@@ -62,15 +71,16 @@ def test_ggpo_eval_loads_the_learner_of_an_old_checkpoint(tiny_model_dir):
     assert saved and all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
 
 
-SCHEMA3 = Path(__file__).resolve().parents[1] / "assets" / "schema3"
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
 
 
-@pytest.mark.parametrize("schedule,steps", [("sync", 6), ("async", 5)])
-def test_checkpoints_from_before_the_rollout_redesign_resume_to_the_same_learner(tiny_model_dir, data_dir, schedule,
-                                                                                 steps, caplog):
-    """A sync checkpoint (stale engine weights inside) and an async one (two batches produced ahead), written by
-    the code before the RolloutSource (commit 5152331), resume to the learner that code reached: the async one
-    through its queued batches, restored by the AsyncSource."""
+@pytest.mark.parametrize("asset,schedule,steps", [
+    ("schema3", "sync", 6), ("schema3", "async", 5), ("schema3-7d63ac6", "sync", 6), ("schema3-7d63ac6", "async", 5)])
+def test_schema_3_checkpoints_resume_to_the_same_learner(tiny_model_dir, data_dir, asset, schedule, steps, caplog):
+    """Sync checkpoints (stale engine weights inside) and async ones (two batches produced ahead, in the DataModule's
+    entry), written by the code before the RolloutSource (``schema3``: commit 5152331) and before the source had one
+    owner (``schema3-7d63ac6``), resume to the learner that code reached: the async ones through their queued
+    batches, which the rollout source's owner now reads from the DataModule's entry."""
     from ggpo_lightning.core.objectives import ObjectiveConfig
     from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
     from ggpo_lightning.training.data import PromptGroupDataModule
@@ -89,17 +99,20 @@ def test_checkpoints_from_before_the_rollout_redesign_resume_to_the_same_learner
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                         enable_checkpointing=False)
+    checkpoint = ASSETS_DIR / asset / f"{schedule}_step3.ckpt"
+    assert read_checkpoint(checkpoint)[CHECKPOINT_KEY]["schema"] == 3
     with caplog.at_level("WARNING"):
-        trainer.fit(module, datamodule=data, ckpt_path=str(SCHEMA3 / f"{schedule}_step3.ckpt"))
+        trainer.fit(module, datamodule=data, ckpt_path=str(checkpoint))
     differences = [line for r in caplog.records if "different run" in r.getMessage()
                    for line in r.getMessage().splitlines()[1:]]
     assert differences and all(d.strip().startswith(("model.model_name_or_path", "training data train",
                                                       "training data bytes", "model.rollout.schedule"))
                                for d in differences), differences
-    # written before the schedule was fingerprinted, the async asset reads as sync (SETTINGS_ADDED)
+    # written before the schedule was fingerprinted, the first async asset reads as sync (SETTINGS_ADDED)
     schedule_lines = [d.strip() for d in differences if d.strip().startswith("model.rollout.schedule")]
-    assert schedule_lines == ([] if schedule == "sync" else ["model.rollout.schedule: checkpoint 'sync', now 'async'"])
+    mislabelled = asset == "schema3" and schedule == "async"
+    assert schedule_lines == (["model.rollout.schedule: checkpoint 'sync', now 'async'"] if mislabelled else [])
     assert trainer.global_step == steps
-    expected = torch.load(SCHEMA3 / f"{schedule}_step{steps}_learner.pt", weights_only=True)
+    expected = torch.load(ASSETS_DIR / asset / f"{schedule}_step{steps}_learner.pt", weights_only=True)
     for name, value in module.learner.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5)

@@ -155,7 +155,7 @@ def test_rollout_sync_does_not_change_the_learner(tiny_model_dir):
     module = make_lora_module(tiny_model_dir)
     perturb_adapter(module)
     before = {k: v.clone() for k, v in module.learner.state_dict().items()}
-    module.sync_rollout_engine()
+    module.rollout_loop.sync(version=0)
     assert all(torch.equal(v, before[k]) for k, v in module.learner.state_dict().items())
     rows = batch_rows(module)
     torch.testing.assert_close(logprobs(module.engine.model, rows), logprobs(module.learner, rows),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggpo_lightning.models.checkpoint import LoraState, RunState
+from ggpo_lightning.models.checkpoint import LoraState, RolloutState, RunState
 from ggpo_lightning.models.loading import load_causal_lm
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.models.policy import Policy
@@ -77,10 +77,11 @@ def test_a_lora_policy_trains_the_adapter_and_its_reference_is_the_base(tiny_mod
 def test_a_checkpoint_resumes_only_with_its_own_lora_setting_and_base(tiny_model_dir):
     lora = Policy(load_causal_lm(str(tiny_model_dir), dtype=torch.float32), LORA)
     plain = Policy(load_causal_lm(str(tiny_model_dir), dtype=torch.float32), None)
-    saved = RunState("old-base", 0, None, 0, [], lora=lora.lora_state())
+    saved = RunState("old-base", RolloutState(0, None), 0, [], lora=lora.lora_state())
     with pytest.raises(ValueError, match="trained with model.lora but this run is configured without it"):
         plain.check_resumable(saved, "x")
-    other = RunState("old-base", 0, None, 0, [], lora=LoraState(saved.lora.settings, "another-base", 0))
+    other = RunState("old-base", RolloutState(0, None), 0, [],
+                     lora=LoraState(saved.lora.settings, "another-base", 0))
     with pytest.raises(ValueError, match="--model.model_name_or_path old-base"):
         lora.check_resumable(other, "x")
     lora.check_resumable(saved, "x")  # its own base: accepted

@@ -13,7 +13,6 @@ import torch
 from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.rollouts.group import RolloutCounts
 from ggpo_lightning.rollouts.producer import ProducedBatch, RolloutProducer
-from ggpo_lightning.rollouts.source import AsyncSource
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
 
@@ -52,13 +51,6 @@ class FakeRollout:
         return [RolloutGroup(prompt_id=r.id, prompt=r.prompt, gold=r.gold, prompt_ids=[1], response_ids=[[2], [3]],
                              responses=["a", "b"], rewards=[0.0, 1.0], behavior_version=self.engine.version)
                 for r in rows]
-
-
-class CountingRollout(FakeRollout):
-    """A FakeRollout that counts as :class:`GroupRollout` does (what a source attaches to each batch)."""
-
-    def take_counts(self) -> RolloutCounts:
-        return RolloutCounts()
 
 
 class Prompts:
@@ -244,36 +236,3 @@ def test_the_producer_samples_under_the_autocast_of_the_thread_that_started_it()
     producer.take(0)
     producer.stop()
     assert seen == [(True, torch.bfloat16)]
-
-
-def test_the_datamodule_checkpoints_the_backlog_and_a_resume_trains_on_it_first(data_dir):
-    from types import SimpleNamespace
-
-    from ggpo_lightning.training.data import PromptGroupDataModule
-
-    def datamodule():
-        dm = PromptGroupDataModule(str(data_dir / "train.jsonl"), prompts_per_step=2)
-        dm.load_rows()
-        dm.trainer = SimpleNamespace(global_step=0)
-        dm.connect_source(AsyncSource(CountingRollout(FakeEngine()), dict, staleness_limit=2))
-        return dm
-
-    first = datamodule()
-    trained = [[g.prompt_id for g in first.next_batch().groups]]
-    first.trainer.global_step = 1
-    deadline = time.monotonic() + 30
-    while len(first.source.producer.backlog()[0]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)  # polling for the producer's state, not a guess of its timing
-    state = first.state_dict()
-    queued = [[g["prompt_id"] for g in b["groups"]] for b in state["async"]["queued"]]
-    assert len(queued) == 2 and state["async"]["in_flight"] is None  # the gate: steps 1 and 2 at version 0, no more
-    first.source.close()
-
-    second = datamodule()
-    second.load_state_dict(state)
-    second.trainer.global_step = 1
-    resumed = [[g.prompt_id for g in second.next_batch().groups] for _ in range(3)]
-    second.source.close()
-    assert resumed[:2] == queued  # the checkpoint's batches, not regenerated
-    order = [row.id for row in datamodule().next_prompts(8)]  # the seeded prompt order, uninterrupted
-    assert sum(trained + resumed, []) == order

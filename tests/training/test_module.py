@@ -157,7 +157,7 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
     full, full_dm, full_trainer = run(6, save_at=save_at)
     checkpoint = tmp_path / "ckpt" / f"epoch=0-step={save_at}.ckpt"
     # sync every 2: at step 4 the engine is the learner (not saved again), at step 3 it is a step behind
-    assert (torch.load(checkpoint, weights_only=True)["ggpo"]["engine_state"] is None) == (save_at == 4)
+    assert (torch.load(checkpoint, weights_only=True)["ggpo"]["rollout"]["engine_state"] is None) == (save_at == 4)
     resumed, resumed_dm, resumed_trainer = run(6, ckpt_path=str(checkpoint))
     assert resumed_trainer.global_step == full_trainer.global_step == 6
     assert same_weights(resumed.reference, full.reference)
