@@ -155,7 +155,8 @@ def test_a_checkpoint_without_a_fingerprint_resumes_with_a_warning(tmp_path, tin
                                                                    caplog):
     checkpoint = torch.load(two_steps / "last.ckpt", weights_only=False)
     del checkpoint["ggpo"]["fingerprint"]
-    rollout = checkpoint["ggpo"].pop("rollout")  # schema 2's layout: the engine at the top, the prompt order with the data
+    # schema 2's layout: the engine at the top, the prompt order with the data
+    rollout = checkpoint["ggpo"].pop("rollout")
     checkpoint["ggpo"].update(schema=2, engine_version=rollout["engine_version"], engine_state=rollout["engine_state"])
     checkpoint["PromptGroupDataModule"].update(rollout["prompts"])
     torch.save(checkpoint, tmp_path / "old.ckpt")

@@ -1,5 +1,5 @@
-"""End to end: ``ggpo-train`` with ``model.rollout.schedule: async`` (the producer thread; the HF engine, and the separate
-vLLM engine in the ``vllm``-marked tests)."""
+"""End to end: ``ggpo-train`` with ``model.rollout.schedule: async`` (the producer thread; the HF engine, and the
+separate vLLM engine in the ``vllm``-marked tests)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from ggpo_lightning.records.buffer import RolloutGroup
-from ggpo_lightning.rollouts.group import RolloutCounts
 from ggpo_lightning.rollouts.producer import ProducedBatch, RolloutProducer
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
@@ -206,7 +205,8 @@ def test_a_checkpoint_reads_the_newest_published_weights():
 
 @pytest.mark.parametrize("settings,match", [
     (dict(schedule="async", max_staleness=-1), "model.rollout.max_staleness must be >= 0"),
-    (dict(schedule="async", sync_every=4, max_staleness=2), r"max_staleness must be >= 0 and >= model.rollout.sync_every"),
+    (dict(schedule="async", sync_every=4, max_staleness=2),
+     r"max_staleness must be >= 0 and >= model.rollout.sync_every"),
     (dict(schedule="asynch"), "model.rollout.schedule must be one of"),
     (dict(schedule="sync", max_staleness=2), "model.rollout.max_staleness bounds the producer"),
 ])

@@ -170,7 +170,8 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, data_dir, tm
 def test_configuration_errors_come_before_any_model_is_loaded(tmp_path):
     missing = tmp_path / "no-such-model"  # would fail to load: the errors must come first
     with pytest.raises(ValueError) as err:
-        GGPOModule(str(missing), objective=ObjectiveConfig("ppo", beta=0.0), verifier="nope", rollout=RolloutConfig(k=1))
+        GGPOModule(str(missing), objective=ObjectiveConfig("ppo", beta=0.0), verifier="nope",
+                   rollout=RolloutConfig(k=1))
     message = str(err.value)
     for fragment in ("model.objective.name", "model.objective.beta", "model.verifier", "model.rollout.k", "available"):
         assert fragment in message
@@ -321,7 +322,8 @@ def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_d
                          behavior_logprobs=[[-1.0], [-2.0], [-1.5, -0.5]]),
               make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0],
                          behavior_logprobs=[[-0.1, -0.2, -0.3], [-2.0]])]
-    packed, padded = (make_module(tiny_model_dir, objective=ObjectiveConfig(objective), shared_prefix=s) for s in (True, False))
+    packed, padded = (make_module(tiny_model_dir, objective=ObjectiveConfig(objective), shared_prefix=s)
+                      for s in (True, False))
     assert packed.pack(groups).packed is not None and padded.pack(groups).packed is None
     torch.manual_seed(0)
     with torch.no_grad():  # a learner away from the reference, the same in both
