@@ -168,12 +168,17 @@ def save_adapter(model: nn.Module, directory: Path, base_model_name_or_path: str
     """The adapter as ``peft`` saves it (loadable with ``PeftModel.from_pretrained(base, directory)``).
 
     ``adapter_config.json`` records ``base_model_name_or_path``: the base the adapter
-    applies to (after refreshes, the merged base exported next to it, not the original).
+    applies to (after refreshes, the merged base exported next to it, not the original), and the settings that peft
+    keeps as sets (``target_modules``) sorted: peft writes a set in the order of this process's string hashing, which
+    would give the same adapter another file, and another checksum, at every run.
     """
     model.save_pretrained(directory)
     config_path = directory / "adapter_config.json"
     config = json.loads(config_path.read_text())
     config["base_model_name_or_path"] = base_model_name_or_path
+    for key, value in vars(model.peft_config[ADAPTER]).items():
+        if isinstance(value, set):
+            config[key] = sorted(config[key])
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

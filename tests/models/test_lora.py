@@ -214,6 +214,18 @@ def test_a_lora_checkpoint_does_not_resume_a_full_run(tiny_model_dir, data_dir, 
                     ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"))
 
 
+def test_the_adapter_config_is_the_same_file_in_every_process(tiny_model_dir, tmp_path):
+    """peft keeps target_modules as a set and writes it in hash order, which changes with each process's string
+    hashing: save_adapter sorts it, so an export and its checksum repeat."""
+    from ggpo_lightning.models.lora import save_adapter
+
+    module = make_lora_module(tiny_model_dir, lora=LoraSettings(r=4, alpha=8.0, target_modules=[
+        "up_proj", "q_proj", "o_proj", "k_proj", "down_proj", "gate_proj", "v_proj"]))
+    save_adapter(module.learner, tmp_path, str(tiny_model_dir))
+    written = json.loads((tmp_path / "adapter_config.json").read_text())["target_modules"]
+    assert written == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
 @pytest.mark.parametrize("refresh_every", [0, 2])
 def test_both_exports_load_back_with_the_learners_logprobs(tiny_model_dir, data_dir, tmp_path, refresh_every):
     from peft import PeftModel
