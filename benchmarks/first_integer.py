@@ -1,9 +1,10 @@
-"""The peer benchmark's reward as a verifier: 1 if the first integer in the response equals the gold.
+"""The reward of the vs-TRL benchmark (``workload.py``) as a verifier: 1 if the first integer in the response equals
+the gold.
 
-``shared/peer-bench/trl_grpo_baseline.py`` scores TRL's completions with exactly this rule;
-``benchmarks/ggpo_worker.py`` gives it to ``ggpo-train`` (``model.verifier.class_path:
-first_integer.FirstIntegerVerifier``) so both systems learn from the same reward. The
-``numeric`` verifier differs: it reads the *last* number of a response.
+Both workers score with it, so both systems learn from the same reward: ``ggpo_worker.py``
+gives it to ``ggpo-train`` (``model.verifier.class_path: first_integer.FirstIntegerVerifier``),
+``trl_worker.py`` wraps it as TRL's reward function. The ``numeric`` verifier differs: it
+reads the *last* number of a response.
 """
 
 from __future__ import annotations

@@ -13,39 +13,15 @@ model's children (the log-prob code calls the decoder body and the output head a
 
 from __future__ import annotations
 
-import resource
 import time
 from collections import defaultdict
 
 import lightning as L
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+from workload import peak_rss_mb, rss_mb, time_forwards
 
 
 def _metric(pl_module: L.LightningModule, name: str) -> float:
     return pl_module.last_step_metrics.get(f"train/{name}", 0.0)
-
-
-def _time_forwards(model, phase: dict, name: str) -> None:
-    """Forward hooks on ``model``'s children adding each call's wall time to ``phase[name]``."""
-    started: dict[int, float] = {}
-
-    def before(module, args):
-        started[id(module)] = time.perf_counter()
-
-    def after(module, args, output):
-        phase[name] += time.perf_counter() - started.pop(id(module))
-
-    for child in model.children():
-        child.register_forward_pre_hook(before)
-        child.register_forward_hook(after)
 
 
 class PhaseTimer(L.Callback):
@@ -71,7 +47,7 @@ class PhaseTimer(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.facts["peak_rss_mb_before_train"] = peak_rss_mb()  # after the held-out evaluation before training
         if pl_module.reference is not None:
-            _time_forwards(pl_module.reference, self.phase, "reference_forward")
+            time_forwards(pl_module.reference, self.phase, "reference_forward")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.phase.clear()

@@ -2,7 +2,10 @@
 with native frames, each sample of the training loop classified by phase (from its Python frames) and by what the
 CPU was doing (from its innermost native frames).
 
-    .venv/bin/python benchmarks/step_profile.py --artifacts runs/bench/tiny --steps 200 [--bf16] [--out F.json]
+    .venv/bin/python benchmarks/step_profile.py --model tiny --steps 200 [--bf16] [--out F.json]
+
+The model folder and data are ``benchmarks/vs_trl.py``'s (``workload.build_artifacts``, under
+``--artifacts``, ``runs/bench`` by default): built here on first use, reused afterwards.
 
 Phases (by the Python frames of a sample): ``generate`` (the HF engine's sampling and its
 decoding loop), ``verify`` (the verifier), ``reference_forward`` (the frozen reference's log-probs),
@@ -29,6 +32,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from workload import MODELS, build_artifacts
 
 PHASES = [  # (phase, substrings of a Python frame "function (path:line)"), in priority order: the first phase with a
     # matching frame anywhere in the stack wins (the whole training step runs inside the optimizer's closure, the
@@ -69,9 +75,9 @@ def classify(frames: list[str]) -> tuple[str, str] | None:
     return phase, what
 
 
-def profile(args: argparse.Namespace, raw: Path) -> None:
+def profile(args: argparse.Namespace, artifacts: Path, raw: Path) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    worker = [sys.executable, str(HERE / "ggpo_worker.py"), "--artifacts", str(args.artifacts), "--steps",
+    worker = [sys.executable, str(HERE / "ggpo_worker.py"), "--artifacts", str(artifacts), "--steps",
               str(args.steps), "--threads", "1", "--eval-n", "8"] + (["--bf16"] if args.bf16 else [])
     command = [spy, "record", "--native", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
                "--subprocesses", "--"] + worker
@@ -99,15 +105,19 @@ def summarize(raw: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, required=True, help="folder made by shared/peer-bench/tiny_setup.py")
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--artifacts", type=Path, default=HERE.parent / "runs" / "bench",
+                        help="where the model folders and data are (built on first use)")
+    parser.add_argument("--sft-steps", type=int, help="override the model's warm-up steps (0 for a smoke run)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     parser.add_argument("--out", type=Path, help="write the summary JSON here")
     args = parser.parse_args()
+    artifacts = build_artifacts(args.artifacts, args.model, args.sft_steps)
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "samples.txt"
-        profile(args, raw)
+        profile(args, artifacts, raw)
         summary = summarize(raw)
     whats = ("matmul", "kernel", "python")
     print(f"{'phase':18s} " + " ".join(f"{w:>7s}" for w in whats) + "   total   ({} samples)".format(summary["samples"]))
@@ -116,7 +126,7 @@ def main() -> None:
     totals = {w: sum(row.get(w, 0) for row in summary["shares"].values()) for w in whats}
     print(f"{'all':18s} " + " ".join(f"{totals[w]:7.1%}" for w in whats))
     if args.out:
-        args.out.write_text(json.dumps({**summary, "totals": totals, "artifacts": str(args.artifacts),
+        args.out.write_text(json.dumps({**summary, "totals": totals, "artifacts": str(artifacts),
                                         "bf16": args.bf16, "steps": args.steps}, indent=1))
 
 

@@ -1,15 +1,16 @@
 """ggpo-train against TRL's GRPOTrainer on the same model, data and workload, side by side.
 
-    .venv/bin/pip install -e .[bench]        # TRL, for this benchmark only
+    .venv/bin/pip install -e ".[bench]"      # TRL, for the benchmarks only
     .venv/bin/python benchmarks/vs_trl.py --steps 40 --out runs/vs_trl
 
-1. Builds the peer benchmark's artifacts once (``shared/peer-bench/tiny_setup.py``): ``tiny``
-   (1.05M parameters, 1500 supervised warm-up steps) and ``m30`` (33.6M, 150 steps).
-2. For each model and precision (fp32, bf16), runs TRL's harness
-   (``shared/peer-bench/trl_grpo_baseline.py``) and ``benchmarks/ggpo_worker.py``, each in
-   its own process, one after the other (the order alternates between rounds), with the
-   same workload: 8 prompts x K=8, temperature 1, at most 16 new tokens, beta 0.04, AdamW
-   lr 1e-4, clip 1.0, ``--steps`` steps, one torch thread.
+1. Builds the model folders and data once (``workload.build_artifacts``, the package's own
+   tiny-model code, offline): ``tiny`` (1.05M parameters, 1500 supervised warm-up steps) and
+   ``m30`` (33.6M, 150 steps), under ``--artifacts``.
+2. For each model and precision (fp32, bf16), runs ``benchmarks/trl_worker.py`` (TRL's
+   ``GRPOTrainer``) and ``benchmarks/ggpo_worker.py`` (``ggpo-train``), each in its own
+   process, one after the other (the order alternates between rounds), with the same
+   workload (``workload.py``): 8 prompts x K=8, temperature 1, at most 16 new tokens, beta
+   0.04, AdamW lr 1e-4, clip 1.0, ``--steps`` steps, one torch thread.
 3. Runs both systems longer on tiny (``--learning-steps`` at ``--learning-lr``, fp32) and
    compares sampled reward and greedy held-out accuracy: speed must not cost learning.
 4. Measures this machine's matmul rate (one thread, a large square matmul, fp32 and
@@ -33,39 +34,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {
-    "tiny": ["--sft-steps", "1500"],
-    "m30": ["--hidden", "512", "--layers", "8", "--heads", "8", "--sft-steps", "150", "--sft-lr", "1e-3"],
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from workload import MODELS, PHASES, build_artifacts
+
 SYSTEM_FLAGS = {  # ggpo-train flags of each variant of ours
     "ggpo": [], "ggpo-grpo": ["--model.objective.name=grpo"],
     "ggpo-async": ["--model.rollout.schedule=async", "--model.rollout.max_staleness=1"],
 }
-PHASES = {  # our phase -> TRL harness phase(s)
-    "generate": ["gen.hf_generate"], "verify": ["gen.reward"], "learner_forward": ["loss.policy_forward(grad)"],
-    "reference_forward": ["gen.ref_logprobs"], "backward": ["backward"], "optimizer": ["optimizer_step", "grad_clip"],
-}
 
 
-def build_artifacts(peer_bench: Path, root: Path, names: list[str], sft_steps: int | None = None) -> None:
-    """The peer benchmark's model and data per name, built once (``sft_steps`` overrides the warm-up length)."""
-    for name in names:
-        if (root / name / "setup_info.json").exists():
-            continue
-        print(f"building {name} artifacts in {root / name} ...", flush=True)
-        extra = [] if sft_steps is None else ["--sft-steps", str(sft_steps)]
-        subprocess.run([sys.executable, str(peer_bench / "tiny_setup.py"), "--out", str(root / name), "--threads", "1",
-                        *MODELS[name], *extra], check=True)
-
-
-def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16: bool, out: Path,
-               lr: float = 1e-4, seed: int = 42, val_every: int = 0) -> dict:
+def run_system(system: str, artifacts: Path, steps: int, bf16: bool, out: Path, lr: float = 1e-4, seed: int = 42,
+               val_every: int = 0) -> dict:
     """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``).
 
     ``system``: ``trl``, ``ggpo``, ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective) or ``ggpo-async``
     (rollouts in a child process while the learner trains, ``recipes/overlays/async.yaml``: two processes of
     one thread each, so up to two cores against TRL's one)."""
-    script = peer_bench / "trl_grpo_baseline.py" if system == "trl" else ROOT / "benchmarks" / "ggpo_worker.py"
+    script = ROOT / "benchmarks" / ("trl_worker.py" if system == "trl" else "ggpo_worker.py")
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
            "--lr", str(lr), "--seed", str(seed), "--out", str(out)] + (["--bf16"] if bf16 else [])
     if system != "trl" and val_every:
@@ -78,17 +64,8 @@ def run_system(system: str, peer_bench: Path, artifacts: Path, steps: int, bf16:
     if proc.returncode:
         raise SystemExit(f"{system} on {artifacts.name} failed ({proc.returncode}); see {log}")
     result = json.loads(out.read_text())
-    result.setdefault("train_wall_s", sum(r["wall_s"] for r in result.get("per_step", [])))
-    result.pop("per_step", None)
+    result.pop("per_step")
     return result
-
-
-def phase_split(result: dict, system: str) -> dict[str, float]:
-    """Median seconds per phase, under our phase names."""
-    med = result["phase_median_s"]
-    if system in SYSTEM_FLAGS:
-        return {k: med.get(k, 0.0) for k in PHASES}
-    return {k: sum(med.get(n, 0.0) for n in names) for k, names in PHASES.items()}
 
 
 def matmul_peak(dtype_name: str, sizes: tuple[int, ...] = (1024, 2048, 4096), repeat: int = 5,
@@ -132,7 +109,7 @@ def summarize(model: str, precision: str, runs: dict[str, list[dict]]) -> dict:
             "completions_per_sec": med(system, "completions_per_sec"),
             "total_tokens_per_sec": med(system, "total_tokens_per_sec"),
             "peak_rss_mb": med(system, "peak_rss_mb"),
-            "phase_s": phase_split(runs[system][-1], system),
+            "phase_s": runs[system][-1]["phase_median_s"],
             "reward_per_step": runs[system][-1]["reward_per_step"],
             "reward_first10": med(system, "reward_mean_first10"), "reward_last10": med(system, "reward_mean_last10"),
             "greedy_acc_before": med(system, "greedy_test_acc_before"),
@@ -166,7 +143,6 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer-bench", type=Path, default=ROOT.parent / "shared" / "peer-bench")
     parser.add_argument("--artifacts", type=Path, default=ROOT / "runs" / "bench", help="where the models are built")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "vs_trl")
     parser.add_argument("--models", default="tiny,m30")
@@ -187,7 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     models, precisions = [m for m in args.models.split(",") if m], args.precisions.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
-    build_artifacts(args.peer_bench, args.artifacts, models, args.sft_steps)
+    for model in models:
+        build_artifacts(args.artifacts, model, args.sft_steps)
     ours = ["ggpo", "ggpo-async"] if args.with_async else ["ggpo"]
 
     rows: list[dict] = []
@@ -197,8 +174,7 @@ def main() -> None:
             for rnd in range(args.rounds):
                 for system in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
                     out = args.out / f"{model}_{precision}_{system}_r{rnd}.json"
-                    result = run_system(system, args.peer_bench, args.artifacts / model, args.steps,
-                                        precision == "bf16", out)
+                    result = run_system(system, args.artifacts / model, args.steps, precision == "bf16", out)
                     runs[system].append(result)
                     print(f"{model} {precision} {system} round {rnd}: {result['sec_per_step_median_excl_first']:.3f} "
                           f"s/step, {result['completions_per_sec']:.1f} completions/s, "
@@ -218,7 +194,7 @@ def main() -> None:
     print(f"\nwritten to {args.out / 'vs_trl.json'}")
 
 
-def learning_check(args) -> dict:
+def learning_check(args: argparse.Namespace) -> dict:
     """Both systems for ``--learning-steps`` on tiny at ``--learning-lr``, once per seed: does speed cost learning?
 
     ``ggpo-train`` runs twice, with GGPO and with its GRPO objective, so a difference in
@@ -227,10 +203,10 @@ def learning_check(args) -> dict:
     training wall time at which ours first reach TRL's final greedy accuracy (None: never)."""
     import statistics
 
-    build_artifacts(args.peer_bench, args.artifacts, ["tiny"], args.sft_steps)
+    build_artifacts(args.artifacts, "tiny", args.sft_steps)
     rows = {}
     for system in ("trl", "ggpo", "ggpo-grpo"):  # ggpo-train's GRPO: trainer and objective told apart
-        runs = [run_system(system, args.peer_bench, args.artifacts / "tiny", args.learning_steps, False,
+        runs = [run_system(system, args.artifacts / "tiny", args.learning_steps, False,
                            args.out / f"learning_tiny_{system}_seed{seed}.json", lr=args.learning_lr, seed=int(seed),
                            val_every=args.learning_val_every)
                 for seed in args.learning_seeds.split(",")]
@@ -273,11 +249,11 @@ def time_to_reach(curve: list[dict], accuracy: float, reference_seconds: float) 
     return None if reached is None else reached / reference_seconds
 
 
-def learner_utilization(args, peaks: dict[str, float]) -> dict:
+def learner_utilization(args: argparse.Namespace, peaks: dict[str, float]) -> dict:
     """Runs ``benchmarks/learner_update.py`` on a randomly initialised ``--util-model`` (m30) and relates it to the
     matmul peak."""
     out = args.out / "learner_update.json"
-    build_artifacts(args.peer_bench, args.artifacts, [args.util_model], args.sft_steps)
+    build_artifacts(args.artifacts, args.util_model, args.sft_steps)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_update.py"),
                     "--like", str(args.artifacts / args.util_model / "model"), "--response-len", str(args.util_response_len),
                     "--precisions", "bf16", "--repeat", "2", "--out", str(out)],

@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
-PEER_BENCH = ROOT.parent / "shared" / "peer-bench"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+sys.path.insert(0, str(BENCHMARKS))
 
 
 def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 600) -> str:
@@ -27,27 +27,68 @@ def run_script(name: str, *args: str, cwd: Path | None = None, timeout: int = 60
     return result.stdout
 
 
-@pytest.mark.skipif(not PEER_BENCH.is_dir(), reason="the peer benchmark (shared/peer-bench) sits beside the checkout")
-def test_vs_trl_runs_both_systems_side_by_side_and_reports_ratios(tmp_path):
-    """TRL's harness, ``ggpo_worker.py`` (sync and async), the learning check with its accuracy curve, and the
-    learner-utilization script, on an un-warmed tiny model for a few steps."""
+def test_build_artifacts_makes_the_workload_offline_and_refuses_other_settings(tmp_path):
+    """The benchmark's model folder and data come from the package's tiny-model code: the tiny shape (1.05M
+    parameters, 40-token vocabulary), 4096 + 512 distinct sums with no held-out prompt in training; a second call
+    reuses the folder, one with another warm-up length is refused instead of measuring another model."""
+    from workload import N_TEST, N_TRAIN, build_artifacts
+
+    from ggpo_lightning.records.errors import SettingsError
+
+    folder = build_artifacts(tmp_path, "tiny", sft_steps=0)
+    record = json.loads((folder / "model" / "tiny_model.json").read_text())
+    assert record["n_parameters"] == 1_054_848 and record["config"]["hidden_size"] == 128
+    assert json.loads((folder / "model" / "config.json").read_text())["vocab_size"] == 40
+    train, test = ([json.loads(line)["prompt"] for line in (folder / "data" / f"{split}.jsonl").open()]
+                   for split in ("train", "test"))
+    assert (len(set(train)), len(set(test))) == (N_TRAIN, N_TEST) and not set(train) & set(test)
+    assert re.fullmatch(r"\d+\+\d+=", train[0])
+    stamp = (folder / "model" / "model.safetensors").stat().st_mtime_ns
+    assert build_artifacts(tmp_path, "tiny", sft_steps=0) == folder
+    assert (folder / "model" / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(SettingsError, match="sft_steps: recorded 0, requested 1500"):
+        build_artifacts(tmp_path, "tiny")
+
+
+def test_vs_trl_runs_both_trainers_on_the_same_workload_and_reports_ratios(tmp_path):
+    """``trl_worker.py`` (TRL's GRPOTrainer) and ``ggpo_worker.py`` on one model folder for 2 steps: both sample 8 x 8
+    completions per step from the same 1.05M-parameter model, split their steps into the same phases, and the
+    printed ratio is ours over TRL's."""
+    from workload import PHASES
+
     out = tmp_path / "out"
-    stdout = run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "3", "--async",
-                        "--learning-steps", "4", "--learning-seeds", "42", "--learning-val-every", "2",
-                        "--util-response-len", "8", "--util-model", "tiny", "--sft-steps", "0",
+    stdout = run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "2", "--sft-steps", "0",
+                        "--learning-steps", "0", "--util-response-len", "0",
                         "--artifacts", str(tmp_path / "artifacts"), "--out", str(out))
+    (row,) = json.loads((out / "vs_trl.json").read_text())["rows"]
+    assert row["systems"] == ["trl", "ggpo"] and row["n_params"] == 1_054_848
+    for system in row["systems"]:
+        steps = json.loads((out / f"tiny_fp32_{system}_r0.json").read_text())["per_step"]
+        assert [s["completions"] for s in steps] == [64, 64], system
+        assert all(s["completion_tokens"] >= 64 and s["prompt_tokens"] > 64 for s in steps), system
+        assert len(row[system]["reward_per_step"]) == 2 and row[system]["peak_rss_mb"] > 0
+        phases = row[system]["phase_s"]  # every phase measured, none negative (the step's rest included)
+        assert set(phases) == set(PHASES) and all(seconds >= 0 for seconds in phases.values()), (system, phases)
+        assert phases["generate"] > 0 and phases["reference_forward"] > 0 and phases["backward"] > 0, system
+    ratio = row["ratio"]["ggpo"]
+    assert ratio["completions_per_sec"] == pytest.approx(row["ggpo"]["completions_per_sec"]
+                                                         / row["trl"]["completions_per_sec"])
+    assert f"**ggpo/TRL** | {ratio['sec_per_step']:.2f}x" in stdout
+
+
+@pytest.mark.slow
+def test_vs_trl_async_learning_check_and_utilization(tmp_path):
+    """The rest of ``vs_trl.py`` at toy size: asynchronous rollouts beside sync, the learning check (TRL, ours with
+    GGPO and with GRPO) with our accuracy curve, and the learner-utilization script."""
+    out = tmp_path / "out"
+    run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "3", "--async",
+               "--learning-steps", "4", "--learning-seeds", "42", "--learning-val-every", "2",
+               "--util-response-len", "8", "--util-model", "tiny", "--sft-steps", "0",
+               "--artifacts", str(tmp_path / "artifacts"), "--out", str(out))
     report = json.loads((out / "vs_trl.json").read_text())
     (row,) = report["rows"]
     assert row["systems"] == ["trl", "ggpo", "ggpo-async"]
-    for system in row["systems"]:
-        assert row[system]["completions_per_sec"] > 0 and row[system]["peak_rss_mb"] > 0
-        assert len(row[system]["reward_per_step"]) == 3
-    for system in ("ggpo", "ggpo-async"):  # every phase measured, none negative (the step's rest included)
-        assert all(seconds >= 0 for seconds in row[system]["phase_s"].values()), row[system]["phase_s"]
-        ratio = row["ratio"][system]["completions_per_sec"]
-        assert ratio == pytest.approx(row[system]["completions_per_sec"] / row["trl"]["completions_per_sec"])
-    assert row["ggpo"]["phase_s"]["generate"] > 0 and row["ggpo"]["phase_s"]["backward"] > 0
-    assert f"**ggpo/TRL** | {row['ratio']['ggpo']['sec_per_step']:.2f}x" in stdout
+    assert all(seconds >= 0 for seconds in row["ggpo-async"]["phase_s"].values()), row["ggpo-async"]["phase_s"]
     learning = report["learning"]
     assert set(learning) == {"trl", "ggpo", "ggpo-grpo"}
     for system in ("ggpo", "ggpo-grpo"):
@@ -119,7 +160,6 @@ def _stack(*frames: str) -> list[str]:
 
 
 def test_step_profile_classifies_samples_by_phase_and_leaf():
-    sys.path.insert(0, str(BENCHMARKS))
     from step_profile import classify
 
     step = ["Adam.step (torch/optim/adam.py:227)", "GGPOModule.training_step (ggpo_lightning/training/module.py:250)"]
@@ -140,15 +180,10 @@ def test_step_profile_classifies_samples_by_phase_and_leaf():
     assert classify(["<module> (ggpo_worker.py:131)", "heldout_accuracy (ggpo_lightning/evaluation/accuracy.py:4)"]) is None
 
 
-@pytest.mark.skipif(not PEER_BENCH.is_dir(), reason="the peer benchmark (shared/peer-bench) sits beside the checkout")
 def test_step_profile_samples_a_worker_run(tmp_path):
-    sys.path.insert(0, str(BENCHMARKS))
-    from vs_trl import build_artifacts
-
-    build_artifacts(PEER_BENCH, tmp_path, ["tiny"], sft_steps=0)
     out = tmp_path / "profile.json"
-    stdout = run_script("step_profile.py", "--artifacts", str(tmp_path / "tiny"), "--steps", "6", "--rate", "200",
-                        "--out", str(out))
+    stdout = run_script("step_profile.py", "--model", "tiny", "--sft-steps", "0", "--artifacts", str(tmp_path),
+                        "--steps", "6", "--rate", "200", "--out", str(out))
     summary = json.loads(out.read_text())
     shares = summary["shares"]
     assert summary["samples"] > 50 and sum(sum(row.values()) for row in shares.values()) == pytest.approx(1.0)
