@@ -1,5 +1,5 @@
 """One timed run of TRL's ``GRPOTrainer`` on a benchmark folder (``workload.build_artifacts``); prints ``RESULT {...}``
-as ``ggpo_worker.py`` does, key for key.
+with the figures ``ggpo_worker.py`` prints for ours, under the same keys.
 
     .venv/bin/pip install -e ".[bench]"        # TRL (pinned), for the benchmarks only
     .venv/bin/python benchmarks/trl_worker.py --artifacts runs/bench/m30 --steps 40 --threads 1 [--bf16]
