@@ -49,9 +49,10 @@ __all__ = [
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""GRPO's importance-sampling corrections (TRL's ``vllm_importance_sampling_mode`` values;
+docs/METHOD.md#corrections-for-stale-rollouts)."""
 SWITCHED_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
 """``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an error."""
-"""GRPO's importance-sampling corrections (TRL's ``vllm_importance_sampling_mode`` values; docs/METHOD.md#corrections-for-stale-rollouts)."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -338,7 +339,7 @@ def importance_weights(old_token_logp: Tensor, behavior_token_logp: Tensor, vali
                        clip_max: float, clip_min: float | None = None) -> Tensor:
     """Importance weights ``w`` from the behavior ``mu`` to ``pi_old``, shape ``[G, K, T]``, without gradient.
 
-    With ``rho = pi_old / mu`` per token (``*_token``), or per response ``rho_i = prod_t pi_old(y_t) / mu(y_t)``
+    With ``rho = pi_old / mu`` per token (``token_*``), or per response ``rho_i = prod_t pi_old(y_t) / mu(y_t)``
     broadcast to its tokens (``sequence_*``), and bounds ``[clip_min, clip_max]`` (``clip_min`` None: no lower bound)::
 
         *_truncate:  w = min(max(rho, clip_min), clip_max)        (TIS; without clip_min: min(rho, C))
