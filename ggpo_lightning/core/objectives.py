@@ -41,11 +41,18 @@ __all__ = [
     "ggpo_loss",
     "ggpo_weights",
     "grpo_loss",
+    "importance_weights",
     "maxrl_loss",
+    "off_policy_sequence_mask",
     "register_objective",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""GRPO's importance-sampling corrections (TRL's ``vllm_importance_sampling_mode`` values;
+docs/METHOD.md#corrections-for-stale-rollouts)."""
+SWITCHED_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
+"""``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an error."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -328,6 +335,51 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, std_eps: float = 1e-4, scale_
     return torch.where(mask & (n >= 2).unsqueeze(-1), adv, torch.zeros_like(adv))
 
 
+def importance_weights(old_token_logp: Tensor, behavior_token_logp: Tensor, valid: Tensor, mode: str,
+                       clip_max: float, clip_min: float | None = None) -> Tensor:
+    """Importance weights ``w`` from the behavior ``mu`` to ``pi_old``, shape ``[G, K, T]``, without gradient.
+
+    With ``rho = pi_old / mu`` per token (``token_*``), or per response ``rho_i = prod_t pi_old(y_t) / mu(y_t)``
+    broadcast to its tokens (``sequence_*``), and bounds ``[clip_min, clip_max]`` (``clip_min`` None: no lower bound)::
+
+        *_truncate:  w = min(max(rho, clip_min), clip_max)        (TIS; without clip_min: min(rho, C))
+        *_mask:      w = rho if clip_min <= rho <= clip_max else 0  (masked IS; IcePop: token_mask, [0.5, 5])
+
+    Computed on log-ratios, so a sequence ratio beyond float range is truncated or masked, never inf or NaN.
+    ``valid`` (bool ``[G, K, T]``) marks the tokens that count; 0 elsewhere.
+    """
+    if mode not in IS_MODES:
+        raise ValueError(f"importance_sampling must be one of {IS_MODES}, got {mode!r}")
+    log_max, log_min = math.log(clip_max), math.log(clip_min) if clip_min else -math.inf  # None or 0: no bound
+    zero = torch.zeros((), dtype=old_token_logp.dtype, device=old_token_logp.device)
+    log_rho = torch.where(valid, old_token_logp.detach() - behavior_token_logp, zero)  # [G, K, T]
+    if mode.startswith("sequence"):
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)  # [G, K, T]: the response's log-ratio
+    if mode.endswith("truncate"):
+        weights = log_rho.clamp(min=log_min, max=log_max).exp()  # [G, K, T]
+    else:
+        kept = (log_rho >= log_min) & (log_rho <= log_max)  # [G, K, T]
+        weights = torch.where(kept, log_rho.clamp(max=log_max).exp(), zero)  # [G, K, T]
+    return torch.where(valid, weights, zero).detach()
+
+
+def off_policy_sequence_mask(old_token_logp: Tensor, behavior_token_logp: Tensor, valid: Tensor, advantages: Tensor,
+                             threshold: float) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask, bool ``[G, K]``: False for the responses dropped.
+
+    A response is dropped when its advantage is negative and its mean per-token ``KL(mu || pi_old)``, estimated on
+    its own tokens as ``(1/|y_i|) * sum_t (log mu(y_t) - log pi_old(y_t))``, exceeds ``threshold`` (delta)::
+
+        keep_i = A_i >= 0  or  (1/|y_i|) * sum_t (log mu - log pi_old) <= delta
+
+    ``valid`` (bool ``[G, K, T]``) marks the tokens that count; ``advantages`` is ``[G, K]``.
+    """
+    zero = torch.zeros((), dtype=old_token_logp.dtype, device=old_token_logp.device)
+    diff = torch.where(valid, behavior_token_logp - old_token_logp.detach(), zero)  # [G, K, T]
+    kl = diff.sum(-1) / valid.sum(-1).clamp(min=1).to(diff.dtype)  # [G, K]
+    return (advantages >= 0) | (kl <= threshold)  # [G, K]
+
+
 def grpo_loss(
     token_logp: Tensor,
     behavior_token_logp: Tensor | None,
@@ -340,6 +392,10 @@ def grpo_loss(
     kl_estimator: str = "k3",
     std_eps: float = 1e-4,
     scale_by_std: bool = True,
+    importance_sampling: str | None = None,
+    importance_sampling_clip_max: float = 3.0,
+    importance_sampling_clip_min: float | None = None,
+    off_policy_mask_threshold: float | None = None,
 ) -> Tensor:
     """GRPO: token-level clipped ratio surrogate with group-normalized advantages.
 
@@ -355,6 +411,19 @@ def grpo_loss(
     groups with at least 2 responses ("token-level" normalization: long responses weigh
     more, as in DAPO and TRL's default). ``behavior_token_logp=None`` means on-policy
     data: the ratio is 1 with the gradient of the learner's log-prob.
+
+    **Corrections for stale rollouts** (``docs/METHOD.md#corrections-for-stale-rollouts``). ``pi_old`` is the
+    learner's log-prob at the start of the update, without gradient: the trainer takes one optimizer step per batch,
+    so it is ``token_logp.detach()``. With ``importance_sampling`` (one of :data:`IS_MODES`) the ratio is taken
+    against ``pi_old`` instead of ``mu`` (``rho_t = pi_theta / pi_old``: 1 in value, the score in gradient, the clip
+    never active) and the surrogate is weighted by :func:`importance_weights` ``w_t`` (``pi_old / mu`` truncated at
+    or masked outside ``[importance_sampling_clip_min, importance_sampling_clip_max]``)::
+
+        loss_t = -w_t * min(rho_t * A_i, clip(rho_t, 1 - clip_eps, 1 + clip_eps) * A_i) + kl_coef * KL_t
+
+    With ``off_policy_mask_threshold`` (delta) the surrogate of every response that
+    :func:`off_policy_sequence_mask` drops is 0 (its KL penalty stays). Weights and masks leave the denominator (all
+    valid tokens) as it is, as TRL does.
 
     Shapes: ``token_logp``, ``behavior_token_logp``, ``ref_token_logp``: ``[G, K, T]``
     float; ``token_mask``: ``[G, K, T]`` bool; ``rewards``, ``group_mask``: ``[G, K]``.
@@ -381,6 +450,10 @@ def grpo_loss(
         raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
     if kl_coef > 0 and ref_token_logp is None:
         raise ValueError("kl_coef > 0 needs ref_token_logp (reference token log-probs)")
+    problems = correction_errors(importance_sampling, importance_sampling_clip_max, importance_sampling_clip_min,
+                                 off_policy_mask_threshold)
+    if problems:
+        raise ValueError(problems[0])
     check_rewards(rewards, group_mask)
 
     dtype = compute_dtype(token_logp)
@@ -389,15 +462,45 @@ def grpo_loss(
     valid = token_mask & (group_mask & (n >= 2).unsqueeze(-1)).unsqueeze(-1)  # [G, K, T]
     zero = torch.zeros((), dtype=dtype, device=token_logp.device)
     lp = torch.where(valid, token_logp.to(dtype), zero)  # [G, K, T]
-    old = lp.detach() if behavior_token_logp is None else torch.where(valid, behavior_token_logp.to(dtype), zero)
-    ratio = torch.exp(lp - old)  # [G, K, T]
+    mu = lp.detach() if behavior_token_logp is None else torch.where(valid, behavior_token_logp.to(dtype), zero)  # [G, K, T]
+    anchor = mu if importance_sampling is None else lp.detach()  # [G, K, T]: mu, or pi_old (decoupled)
+    ratio = torch.exp(lp - anchor)  # [G, K, T]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)  # [G, K, T]
+    if importance_sampling is not None:
+        surrogate = surrogate * importance_weights(lp, mu, valid, importance_sampling, importance_sampling_clip_max,
+                                                   importance_sampling_clip_min)  # [G, K, T]
+    if off_policy_mask_threshold is not None:
+        keep = off_policy_sequence_mask(lp, mu, valid, adv.squeeze(-1), off_policy_mask_threshold)  # [G, K]
+        surrogate = torch.where(keep.unsqueeze(-1), surrogate, zero)  # [G, K, T]
     per_token = -surrogate
     if kl_coef > 0:
         ref = torch.where(valid, ref_token_logp.to(dtype), zero)
         per_token = per_token + kl_coef * _token_kl(lp, ref, kl_estimator)
     per_token = torch.where(valid, per_token, zero)
     return per_token.sum() / valid.sum().clamp(min=1).to(dtype)
+
+
+def correction_errors(importance_sampling: str | None, clip_max: float, clip_min: float | None,
+                      off_policy_mask_threshold: float | None, prefix: str = "") -> list[str]:
+    """Every invalid setting of GRPO's corrections, each naming its key (``prefix`` + the argument's name)."""
+    errors = []
+    if importance_sampling is not None and importance_sampling not in IS_MODES:
+        errors.append(f"{prefix}importance_sampling must be one of {', '.join(IS_MODES)} or null (off), "
+                      f"got {importance_sampling!r}")
+    if not (isinstance(clip_max, (int, float)) and math.isfinite(clip_max) and clip_max > 0):
+        errors.append(f"{prefix}importance_sampling_clip_max must be a finite number > 0, got {clip_max!r}")
+    elif clip_min is not None and not (isinstance(clip_min, (int, float)) and 0 <= clip_min < clip_max):
+        errors.append(f"{prefix}importance_sampling_clip_min must be >= 0 and below importance_sampling_clip_max "
+                      f"({clip_max}), or null, got {clip_min!r}")
+    if clip_min is not None and importance_sampling is None:
+        errors.append(f"{prefix}importance_sampling_clip_min is set but {prefix}importance_sampling is null: "
+                      "set a mode, or remove the bound")
+    if off_policy_mask_threshold is not None and not (isinstance(off_policy_mask_threshold, (int, float))
+                                                      and math.isfinite(off_policy_mask_threshold)
+                                                      and off_policy_mask_threshold >= 0):
+        errors.append(f"{prefix}off_policy_mask_threshold must be a finite number >= 0, or null (off), "
+                      f"got {off_policy_mask_threshold!r}")
+    return errors
 
 
 # ----------------------------------------------------------------------------- the objective interface
@@ -415,6 +518,19 @@ class ObjectiveConfig:
     """GRPO's ratio clip, in (0, 1)."""
     kl_estimator: str = "k3"
     """GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``."""
+    importance_sampling: str | None = None
+    """GRPO's importance-sampling correction from the behavior to the learner at the start of the update
+    (``docs/METHOD.md#corrections-for-stale-rollouts``): ``token_truncate``, ``token_mask``, ``sequence_truncate``,
+    ``sequence_mask`` (TRL's ``vllm_importance_sampling_mode``), or null: off, the ratio against the behavior."""
+    importance_sampling_clip_max: float = 3.0
+    """Upper bound C of the importance weight (> 0): truncated at C or masked above it (TRL's
+    ``vllm_importance_sampling_clip_max``, formerly ``vllm_importance_sampling_cap``, default 3.0)."""
+    importance_sampling_clip_min: float | None = None
+    """Lower bound of the importance weight (below ``importance_sampling_clip_max``), or null: none (TRL's
+    ``vllm_importance_sampling_clip_min``). IcePop: ``token_mask`` with bounds 0.5 and 5."""
+    off_policy_mask_threshold: float | None = None
+    """GRPO's off-policy sequence masking (DeepSeek-V3.2): delta (>= 0) on a negative-advantage response's mean
+    per-token KL(mu || pi_old), above which it is dropped; null: off (TRL's ``off_policy_mask_threshold``)."""
     behavior_anchor: float | None = None
     """Weight lambda of the behavior anchor ``lambda * mean(-log pi(y))`` over the behavior's samples
     (``docs/METHOD.md#the-behavior-anchor``), added to any objective's loss. None = the objective's default:
@@ -447,6 +563,15 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             errors.append(f"model.objective.kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, "
                           f"got {self.kl_estimator!r}")
+        errors += correction_errors(self.importance_sampling, self.importance_sampling_clip_max,
+                                    self.importance_sampling_clip_min, self.off_policy_mask_threshold,
+                                    prefix="model.objective.")
+        if self.name in _OBJECTIVES:
+            takes = _OBJECTIVES[self.name].options
+            errors += [f"model.objective.{key} is set but objective {self.name!r} does not take it (taken by: "
+                       f"{', '.join(n for n, o in sorted(_OBJECTIVES.items()) if key in o.options) or 'none'}); "
+                       "remove it or change model.objective.name"
+                       for key in SWITCHED_OPTIONS if getattr(self, key) is not None and key not in takes]
         return errors
 
 
@@ -495,6 +620,8 @@ class Objective:
     uses_behavior_logp: bool = False
     anchor_when_stale: float = 0.0
     """Default behavior-anchor weight, as a multiple of beta, when rollouts can be stale (0 = none)."""
+    options: tuple[str, ...] = ()
+    """The :data:`SWITCHED_OPTIONS` of ``ObjectiveConfig`` this objective reads (any other one set is an error)."""
 
 
 _OBJECTIVES: dict[str, Objective] = {}
@@ -539,5 +666,8 @@ register_objective(Objective(
 register_objective(Objective(
     "grpo", lambda x, c: grpo_loss(x.token_logp, x.behavior_token_logp, x.token_mask, x.rewards, x.mask,
                                    clip_eps=c.clip_eps, kl_coef=c.beta, ref_token_logp=x.ref_token_logp,
-                                   kl_estimator=c.kl_estimator),
-    "token", uses_behavior_logp=True))  # token-level clipped ratio surrogate, group-normalized advantages
+                                   kl_estimator=c.kl_estimator, importance_sampling=c.importance_sampling,
+                                   importance_sampling_clip_max=c.importance_sampling_clip_max,
+                                   importance_sampling_clip_min=c.importance_sampling_clip_min,
+                                   off_policy_mask_threshold=c.off_policy_mask_threshold),
+    "token", uses_behavior_logp=True, options=SWITCHED_OPTIONS))  # token-level clipped ratio surrogate, group-normalized advantages

@@ -24,8 +24,10 @@ from ggpo_lightning.lab.sweep import RUN_LABELS
 __all__ = ["Run", "STEP_MEANS", "collect_runs", "gain_table", "markdown_table", "plot_curves", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
-# recipes/baselines/ggpo-paper.yaml): side by side in every table and plot
-OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "maxrl")
+# recipes/baselines/ggpo-paper.yaml): side by side in every table and plot; GRPO's corrections for stale rollouts
+# (recipes/baselines/grpo-*.yaml) are told apart from plain GRPO by their overlay's name
+OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "grpo-tis", "grpo-seq-tis", "grpo-seq-mask",
+                   "grpo-icepop", "grpo-opsm", "maxrl")
 
 STEP_MEANS = {
     "kl_behavior_k1": ("Drift: KL(mu || pi) on the behavior samples, per sequence (nats)", 3),

@@ -29,6 +29,15 @@ def test_the_recipe_folder_holds_what_the_readme_promises():
     assert all(p.relative_to(RECIPES).as_posix() in readme for p in ALL_YAML), "README table misses a recipe"
 
 
+def test_every_baseline_overlay_is_a_valid_objective():
+    """Each baseline's ``model.objective`` passes the checks a run makes (the corrections only on GRPO, in bounds)."""
+    from ggpo_lightning.core.objectives import ObjectiveConfig
+
+    assert len(OVERLAYS) == 9  # grpo, agro, maxrl, ggpo-paper and GRPO's five corrections (issue 43)
+    for overlay in OVERLAYS:
+        assert ObjectiveConfig(**yaml.safe_load(overlay.read_text())["model"]["objective"]).errors() == [], overlay
+
+
 def print_config(capsys, *configs: Path, extra: tuple[str, ...] = ()) -> dict:
     args = [a for c in configs for a in ("--config", str(c))] + list(extra) + ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:  # jsonargparse prints, then exits before building anything
@@ -78,7 +87,7 @@ def test_baseline_overlays_change_only_the_objective_side(base, overlay, capsys)
     config = print_config(capsys, base, overlay)
     raw = yaml.safe_load(overlay.read_text())["model"]["objective"]
     assert config["model"]["objective"] == {**config["model"]["objective"], **raw}
-    assert raw["name"] == overlay.stem.removesuffix("-paper")  # ggpo-paper: the paper's ggpo
+    assert raw["name"] == overlay.stem.partition("-")[0]  # ggpo-paper: the paper's ggpo; grpo-tis: grpo with TIS
     plain = print_config(capsys, base)
     assert config["data"] == plain["data"] and config["trainer"] == plain["trainer"]
 

@@ -48,11 +48,16 @@ def gradients(module) -> list[torch.Tensor]:
     return grads
 
 
+# every registered objective, and GRPO with corrections (weights from pi_old / mu, a sequence mask on the negatives)
+OBJECTIVES = [{"name": name} for name in sorted(available_objectives())] + [
+    {"name": "grpo", "importance_sampling": "token_truncate", "off_policy_mask_threshold": 0.5}]
+
+
 @pytest.mark.parametrize("budget", [10_000, 20, 1])  # one micro-batch; groups split; every response alone
-@pytest.mark.parametrize("name", sorted(available_objectives()))
-def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, name, budget):
+@pytest.mark.parametrize("settings", OBJECTIVES, ids=lambda s: "+".join(map(str, s.values())))
+def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, settings, budget):
     _, tokenizer = tiny_lm
-    objective = ObjectiveConfig(name=name, beta=0.1, behavior_anchor=0.3)  # the anchor and the KL term on
+    objective = ObjectiveConfig(**settings, beta=0.1, behavior_anchor=0.3)  # the anchor and the KL term on
     single = make_module(tiny_model_dir, objective=objective)
     batch = single.pack(groups_of(tokenizer))
     torch.manual_seed(1)

@@ -174,8 +174,10 @@ def test_step_mean_tables_and_curves_carry_the_spread_over_seeds(tmp_path):
 
 
 def test_hand_made_runs_of_the_paper_preset_are_reported_beside_the_shipped_ggpo(tmp_path):
-    """Both presets have the objective name ``ggpo``; a run without grid labels is told apart by its recipe."""
-    for recipe, accuracy in (("quickstart+ggpo-paper", 0.4), ("quickstart", 0.8), ("quickstart+grpo", 0.7)):
+    """Both presets have the objective name ``ggpo`` (GRPO and its corrections ``grpo``); a run without grid labels is
+    told apart by its recipe."""
+    for recipe, accuracy in (("quickstart+ggpo-paper", 0.4), ("quickstart", 0.8), ("quickstart+grpo", 0.7),
+                             ("quickstart+grpo-icepop", 0.6)):
         run = tmp_path / recipe
         run.mkdir()
         (run / "metrics.csv").write_text("step,train/reward\n0,0.5\n")
@@ -183,6 +185,7 @@ def test_hand_made_runs_of_the_paper_preset_are_reported_beside_the_shipped_ggpo
                                                       or "ggpo", "accuracy_after": accuracy}))
     runs, errors = collect_runs([tmp_path])
     assert not errors and {r.objective: r.final_accuracy for r in runs} == {"ggpo": 0.8, "ggpo-paper": 0.4,
-                                                                            "grpo": 0.7}
+                                                                            "grpo": 0.7, "grpo-icepop": 0.6}
     table = markdown_table(runs, None)
-    assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |")
+    assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |") \
+        < table.index("| grpo-icepop |")
