@@ -52,7 +52,8 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 """GRPO's importance-sampling corrections (TRL's ``vllm_importance_sampling_mode`` values;
 docs/METHOD.md#corrections-for-stale-rollouts)."""
 SWITCHED_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
-"""``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an error."""
+"""``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an
+error."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -462,7 +463,8 @@ def grpo_loss(
     valid = token_mask & (group_mask & (n >= 2).unsqueeze(-1)).unsqueeze(-1)  # [G, K, T]
     zero = torch.zeros((), dtype=dtype, device=token_logp.device)
     lp = torch.where(valid, token_logp.to(dtype), zero)  # [G, K, T]
-    mu = lp.detach() if behavior_token_logp is None else torch.where(valid, behavior_token_logp.to(dtype), zero)  # [G, K, T]
+    behavior = None if behavior_token_logp is None else behavior_token_logp.to(dtype)  # [G, K, T]
+    mu = lp.detach() if behavior is None else torch.where(valid, behavior, zero)  # [G, K, T]
     anchor = mu if importance_sampling is None else lp.detach()  # [G, K, T]: mu, or pi_old (decoupled)
     ratio = torch.exp(lp - anchor)  # [G, K, T]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)  # [G, K, T]
@@ -670,4 +672,5 @@ register_objective(Objective(
                                    importance_sampling_clip_max=c.importance_sampling_clip_max,
                                    importance_sampling_clip_min=c.importance_sampling_clip_min,
                                    off_policy_mask_threshold=c.off_policy_mask_threshold),
-    "token", uses_behavior_logp=True, options=SWITCHED_OPTIONS))  # token-level clipped ratio surrogate, group-normalized advantages
+    "token", uses_behavior_logp=True,
+    options=SWITCHED_OPTIONS))  # token-level clipped ratio surrogate, group-normalized advantages
