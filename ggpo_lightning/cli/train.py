@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ggpo_lightning.core.distributed import launched_as_global_rank_zero
-from ggpo_lightning.records.errors import SettingsError
+from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
@@ -30,12 +30,12 @@ from ggpo_lightning.training.samples import SampleLog
 from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
-from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
+from ggpo_lightning.records.run_lock import RunLock, lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
 __all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
-           "run_training", "train_main"]
+           "next_version_dir", "run_training", "train_main"]
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -53,8 +53,8 @@ class GGPOTrainCLI(LightningCLI):
     recipe and data checked before any weights load (:mod:`~ggpo_lightning.training.preflight`) and the run directory
     locked (:mod:`~ggpo_lightning.records.run_lock`)."""
 
-    run_lock = None
-    """The open lock file of the run directory (held until the process exits)."""
+    run_lock: RunLock | None = None
+    """The lock of the run directory (held until the run ends)."""
     train_path_from_command_line = False
     """Whether ``--data.train_path`` was given on the command line without ``--synthetic_data`` settings (synthetic
     data is then built only at the recipe's own path)."""
@@ -105,7 +105,7 @@ class GGPOTrainCLI(LightningCLI):
         build_quickstart_inputs(self.config, self.train_path_from_command_line)
         check_run(self.config.as_dict(), self.config.get("ckpt_path"))
         if launched_as_global_rank_zero():
-            self.run_lock = lock_logger_directory(self.config["trainer"])
+            self.run_lock = lock_logger_directory(self.config)
 
     def instantiate_classes(self) -> None:
         try:
@@ -130,28 +130,63 @@ def _on_command_line(args: list[str], key: str) -> bool:
     return any(a == f"--{key}" or a.startswith((f"--{key}=", f"--{key}.")) for a in args)
 
 
-def lock_logger_directory(trainer_config: Any):
-    """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`)
-    and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
+def lock_logger_directory(config: Any) -> RunLock | None:
+    """Choose the run directory of the recipe ``config``'s logger, lock it
+    (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`) and pin the logger to it, so that every run writes
+    into a folder of its own and leaves earlier runs untouched.
 
-    None (no lock) when the logger is off, does not take a ``version`` (``save_dir/name/version`` loggers do:
-    CSV, TensorBoard) or has no ``log_dir`` (W&B's ``version`` is its run id; its files go under its own
-    ``save_dir/wandb/``). Also removes what killed earlier runs left half-written in the sibling run directories
-    and their ``checkpoints/`` (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
+    - A ``save_dir/name/version`` logger (CSV, TensorBoard): its next ``version_N`` (or the ``version`` given, which
+      must not hold an earlier run), pinned as its ``version``.
+    - A logger with a ``save_dir`` but no run folder of its own (W&B, whose ``version`` is its run id): the next
+      ``save_dir/NAME/version_N`` (``NAME``: the logger's ``name``, else its own name, W&B's project) becomes its
+      ``save_dir`` (W&B keeps its files under ``wandb/`` there) and ``checkpoint.dirpath`` its ``checkpoints/``,
+      unless set.
+
+    None (no lock) when the logger is off or takes neither. Also removes what killed earlier runs left
+    half-written in the sibling run directories and their ``checkpoints/``
+    (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
     from lightning.pytorch.cli import instantiate_class
 
-    logger = trainer_config.get("logger")
-    if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
+    logger = config["trainer"].get("logger")
+    init_args = (logger.get("init_args") or {}) if hasattr(logger, "get") else {}
+    if "version" not in init_args:
         return None
     instance = instantiate_class((), logger.as_dict())
-    if getattr(instance, "log_dir", None) is None:  # a version but no folder of its own (W&B: its run id)
+    if getattr(instance, "log_dir", None) is not None:
+        run_dir = Path(instance.log_dir)
+        if init_args["version"] is not None:  # a folder named in the recipe: never another run's
+            _refuse_earlier_run(run_dir)
+        init_args["version"] = instance.version
+    elif init_args.get("save_dir") is not None:
+        run_dir = next_version_dir(Path(init_args["save_dir"]) / str(init_args.get("name") or instance.name))
+        init_args["save_dir"] = str(run_dir)
+        if config["checkpoint"].get("dirpath") is None:
+            config["checkpoint"]["dirpath"] = str(run_dir / "checkpoints")
+    else:
         return None
-    run_dir = Path(instance.log_dir)
     handle = lock_run_directory(run_dir)
-    logger["init_args"]["version"] = instance.version
     for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
         remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
     return handle
+
+
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "final_model")
+"""What a run writes into its directory: a folder holding one of them holds an earlier run."""
+
+
+def _refuse_earlier_run(run_dir: Path) -> None:
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if found:
+        raise FolderInUseError(f"run directory {run_dir} holds an earlier run ({', '.join(found)}); leave out "
+                               "trainer.logger.init_args.version for the next free version_N, or give another one")
+
+
+def next_version_dir(parent: Path) -> Path:
+    """``parent/version_N`` for the first ``N`` above every ``version_*`` folder there (``version_0`` in a new or
+    empty ``parent``), as the CSV and TensorBoard loggers number their runs."""
+    numbers = [int(p.name[len("version_"):]) for p in parent.glob("version_*")
+               if p.is_dir() and p.name[len("version_"):].isdigit()]
+    return parent / f"version_{max(numbers, default=-1) + 1}"
 
 
 def check_devices(accelerator: Any, devices: Any) -> None:
@@ -213,7 +248,12 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
     summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
     cli.model.resume_mismatch_ok = cli.config.get("resume_mismatch_ok", False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    except BaseException:  # a run stopped before its first step (a refused resume) leaves no run directory behind
+        if cli.run_lock is not None:
+            release_run_directory(cli.run_lock)
+        raise
     return cli
 
 
