@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ggpo_lightning.records.errors import DataError, MissingFileError
+from ggpo_lightning.records.extras import require
 from ggpo_lightning.records.formats import to_schema
 
 PAPER_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\n"
@@ -43,10 +44,9 @@ def read_records(path: Path) -> Iterator[tuple[int, dict]]:
     A line that is not UTF-8 or not a JSON object is a ValueError naming ``file:line``.
     """
     if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+        require("pyarrow", f"{path} (a Parquet file)")
+        import pyarrow.parquet as pq
+
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         return
     with open(path, "rb") as f:  # bytes: a decoding error names its line
@@ -80,11 +80,9 @@ def read_source(path: Path, split: str = "train") -> Iterator[tuple[str, dict[st
         for number, record in read_records(path):
             yield f"{path}:{number}", record
         return
-    try:
-        import datasets
-    except ImportError as exc:
-        raise DataError(f"{path}: reading a save_to_disk folder needs the datasets package "
-                        "(pip install 'ggpo-lightning[data]')") from exc
+    require("datasets", f"{path} (a save_to_disk folder)")
+    import datasets
+
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
@@ -123,11 +121,9 @@ def load_dataset_rows(name: str, split: str, config_name: str | None = None, pro
     ``HF_HUB_OFFLINE=1`` only cached or local datasets load. Errors name the row as
     ``name[split]:index``.
     """
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(f"data.dataset {name!r} needs the datasets package (pip install datasets), "
-                          "or give data.train_path as a JSONL/Parquet file") from exc
+    require("datasets", f"data.dataset {name!r}")
+    import datasets
+
     table = datasets.load_dataset(name, config_name, split=split)
     label = f"{name}[{split}]"
     records = ((f"{label}:{i}", f"{label}:{i}", record) for i, record in enumerate(table))
