@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ggpo_lightning.core.distributed import launched_as_global_rank_zero
+from ggpo_lightning.core.objectives import import_objective_modules
 from ggpo_lightning.records.errors import FolderInUseError, SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
@@ -73,6 +74,11 @@ class GGPOTrainCLI(LightningCLI):
                             help="Refuse to start when the memory estimate printed at start (weights, gradients, "
                                  "optimizer state, reference, activations per micro-batch, rollout engine) exceeds "
                                  "the GPU's memory, or on CPU the available host memory; false starts anyway.")
+        parser.add_argument("--objective_module", type=str | list[str] | None, default=None,
+                            help="Import this module (or each of a list: [a.b, c]) before the recipe is checked: "
+                                 "objectives it registers (register_objective) can be named by "
+                                 "model.objective.name. Objectives of installed packages need none: they are found "
+                                 "through the entry-point group ggpo.objectives (docs/ADDING_AN_OBJECTIVE.md).")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "synthetic_data.task through data.prompt_template) at model.model_name_or_path "
@@ -90,11 +96,13 @@ class GGPOTrainCLI(LightningCLI):
         try:
             if any(a.startswith("--print_config") for a in given):  # jsonargparse prints and exits in the parse
                 config = parser.parse_args([a for a in given if not a.startswith("--print_config")]).as_dict()
+                import_objective_modules(_as_list(config.get("objective_module")))
                 PromptGroupDataModule(**config["data"])  # its constructor checks data.* and reads no file
                 check_model_settings(config["model"])
             super().parse_arguments(parser, args)
         except ArgumentError as err:
             raise SettingsError(explain_parse_error(str(err), known_keys(parser), _config_files(given))) from None
+        import_objective_modules(_as_list(self.config.get("objective_module")))  # before model.objective is checked
         # a command line that sets synthetic_data itself asks for it at its own data.train_path
         self.train_path_from_command_line = _on_command_line(given, "data.train_path") and not _on_command_line(
             given, "synthetic_data")
@@ -123,6 +131,10 @@ class GGPOTrainCLI(LightningCLI):
         if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
             trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 def _config_files(args: list[str]) -> list[str]:
