@@ -7,6 +7,7 @@ bad record is reported the same way everywhere, naming ``file:line``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -94,7 +95,7 @@ def read_source(path: Path, split: str = "train") -> Iterator[tuple[str, dict[st
 
 def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answer_field: str = "answer",
                      id_field: str | None = "id", template: str = "{prompt}", format: str = "prompt-answer",
-                     hint: str = TRAIN_HINT) -> list[PromptRow]:
+                     hint: str = TRAIN_HINT, limit: int | None = None) -> list[PromptRow]:
     """Read prompts and gold answers from a JSONL or Parquet file of layout ``format``
     (:data:`~ggpo_lightning.records.formats.FORMATS`; each record goes through
     :func:`~ggpo_lightning.records.formats.to_schema`, which extracts the gold once).
@@ -102,12 +103,14 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     ``template`` is formatted with the schema row's fields (``{prompt}`` is the prompt). A
     record without its fields, whose prompt is empty or whitespace only, or without a gold is
     a :class:`~ggpo_lightning.records.errors.DataError` naming the file, the line and the
-    fields it does have (then ``hint``).
+    fields it does have (then ``hint``). ``limit`` reads only the first N records of a JSONL file (the lines after
+    them are not read, let alone checked).
     """
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"prompt file {path} does not exist")
-    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
+    records = ((f"{path}:{number}", f"{path.name}:{number}", record)
+               for number, record in itertools.islice(read_records(path), limit))
     return _rows(records, str(path), prompt_field, answer_field, id_field, template, format, hint)
 
 

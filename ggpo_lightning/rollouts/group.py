@@ -140,11 +140,11 @@ def chat_messages(text: str, chat: ChatTemplate, messages: Sequence[dict[str, An
 
 
 def chat_template_errors(tokenizer, chat_template: bool | ChatTemplate | dict[str, Any] | None, source: str,
-                         key: str = "model.chat_template") -> list[str]:
+                         key: str = "model.chat_template", kwargs_key: str | None = None) -> list[str]:
     """What keeps ``tokenizer``'s chat template from taking the settings ``chat_template`` (:func:`chat_settings`),
     each naming ``key``: no template at all, or a ``kwargs`` name that is none of the template's variables (a
-    misspelt ``enable_thinking`` would be ignored by the template), with the closest variable. ``source`` names the
-    model in the messages."""
+    misspelt ``enable_thinking`` would be ignored by the template), with the closest variable, named as
+    ``KEY.kwargs.NAME`` (or ``KWARGS_KEY NAME``: a command-line flag). ``source`` names the model."""
     chat = chat_settings(chat_template)
     if chat is None:
         return []
@@ -156,7 +156,8 @@ def chat_template_errors(tokenizer, chat_template: bool | ChatTemplate | dict[st
     errors = []
     for name in sorted(set(chat.kwargs) - variables):
         close = difflib.get_close_matches(name, sorted(variables), n=1, cutoff=0.6)
-        errors.append(f"{key}.kwargs.{name} is not a variable of the chat template of {source}, which would ignore "
+        label = f"{key}.kwargs.{name}" if kwargs_key is None else f"{kwargs_key} {name}"
+        errors.append(f"{label} is not a variable of the chat template of {source}, which would ignore "
                       "it" + (f"; did you mean {close[0]}?" if close else f" (its variables: {', '.join(sorted(variables))})"))
     return errors
 

@@ -186,3 +186,23 @@ def test_hand_made_runs_of_the_paper_preset_are_reported_beside_the_shipped_ggpo
                                                                             "grpo": 0.7}
     table = markdown_table(runs, None)
     assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |")
+
+
+def test_report_without_matplotlib_writes_the_tables_and_says_the_plots_were_skipped(tmp_path, monkeypatch):
+    """Issue 40: ``ggpo report --out`` wrote nothing when plots could not be made."""
+    import sys
+
+    for seed in (0, 1):
+        run = tmp_path / "runs" / f"ggpo-sync1-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "grid_run.json").write_text(json.dumps({"objective": "ggpo", "setting": "sync1", "seed": seed}))
+        (run / "metrics.csv").write_text("step,train/reward,val/accuracy\n0,0.5,\n1,0.75,0.5\n")
+        (run / "summary.json").write_text(json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5 + seed / 4,
+                                                      "optimizer_steps": 2, "generated_samples": 32}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "report").iterdir()] == ["report.md"]
+    written = (tmp_path / "report" / "report.md").read_text()
+    assert "| ggpo | 62.5 ± 17.7 (n=2) |" in written and "![" not in written
+    assert "plots skipped: matplotlib is not installed (pip install 'ggpo-lightning[plot]')" in result.stderr
