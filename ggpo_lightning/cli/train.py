@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, DefaultHelpFormatter
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from ggpo_lightning import __version__
 from ggpo_lightning.core.distributed import launched_as_global_rank_zero
 from ggpo_lightning.core.objectives import import_objective_modules
-from ggpo_lightning.records.errors import FolderInUseError, SettingsError
+from ggpo_lightning.records.errors import FolderInUseError, MissingFileError, SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
@@ -37,6 +38,28 @@ from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
 __all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
            "next_version_dir", "run_training", "train_main"]
+
+USAGE = "ggpo-train --config RECIPE.yaml [--config OVERLAY.yaml ...] [--KEY VALUE ...]"
+"""The first line of ``ggpo-train --help`` (argparse's own would list all of its hundreds of keys)."""
+
+DESCRIPTION = """\
+Trains a language model with GGPO (or GRPO, AGRO, MaxRL) on verifiable rewards: a recipe in, a trained model and
+summary.json out. A recipe is a YAML file; every key below can be set in it or as --KEY VALUE after it.
+
+  ggpo-train --config recipes/quickstart.yaml            the CPU quickstart (a few minutes, nothing downloaded)
+  ggpo recipes list                                      the shipped recipes (ggpo recipes copy NAME: one to edit)
+  ggpo-train --config RECIPE.yaml --print_config         the recipe with every key resolved
+  ggpo-train --config RECIPE.yaml --ckpt_path CKPT       resume a run
+
+README.md and recipes/README.md explain the keys; Lightning's own (trainer.*) follow its Trainer."""
+"""What ``ggpo-train --help`` says before the keys."""
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with the description's own line breaks kept (argparse's RawDescriptionHelpFormatter)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -61,6 +84,7 @@ class GGPOTrainCLI(LightningCLI):
     data is then built only at the recipe's own path)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--version", action="version", version=f"ggpo-train {__version__}")
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(SampleLog, "samples")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -131,6 +155,21 @@ class GGPOTrainCLI(LightningCLI):
         if type(trainer.strategy) is ModelParallelStrategy:  # the subclass adds no state: only its save differs
             trainer.strategy.__class__ = AtomicModelParallelStrategy
         return trainer
+
+
+def check_config_files(paths: list[str]) -> None:
+    """A ``--config`` file that does not exist: one line naming it, and for the name of a shipped recipe
+    (``--config quickstart``) the command that writes it here."""
+    from ggpo_lightning.cli.recipes import recipe_files
+
+    for path in paths:
+        if path.lstrip().startswith("{") or Path(path).expanduser().exists():  # "{...}": a recipe given inline
+            continue
+        name = path.removesuffix(".yaml").removeprefix("recipes/")
+        hint = (f"; {name!r} is a shipped recipe: `ggpo recipes copy {name}` writes it to "
+                f"{Path(recipe_files()[name].name)} here, to pass to --config (`ggpo recipes list` shows them all)"
+                if name in recipe_files() else "")
+        raise MissingFileError(f"--config {path}: no such file{hint}")
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:
@@ -256,6 +295,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     for pattern in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     given = sys.argv[1:] if args is None else args
+    check_config_files(_config_files(given))
     checked = check_renamed_keys(given)
     # the command line is LightningCLI's own unless a saved configuration was migrated (handing it the same list
     # again makes it warn that args and a command line were both given: ggpo-train's own call)
@@ -268,7 +308,8 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         save_config_kwargs={"overwrite": True},
         trainer_defaults=TRAINER_DEFAULTS,
         # parse_arguments turns the error into one line; a shortened key (--trainer.max_step) is refused, not guessed
-        parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
+        parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "usage": USAGE, "description": DESCRIPTION,
+                       "formatter_class": _HelpFormatter},
         args=args,
     )
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
