@@ -36,7 +36,7 @@ from ggpo_lightning.records.run_lock import RunLock, lock_run_directory, release
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
-__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
+__all__ = ["GGPOTrainCLI", "check_config_files", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
            "next_version_dir", "run_training", "train_main"]
 
 USAGE = "ggpo-train --config RECIPE.yaml [--config OVERLAY.yaml ...] [--KEY VALUE ...]"
@@ -53,6 +53,7 @@ summary.json out. A recipe is a YAML file; every key below can be set in it or a
 
 README.md and recipes/README.md explain the keys; Lightning's own (trainer.*) follow its Trainer."""
 """What ``ggpo-train --help`` says before the keys."""
+
 
 class _HelpFormatter(DefaultHelpFormatter):
     """jsonargparse's help, with the description's own line breaks kept (argparse's RawDescriptionHelpFormatter)."""
@@ -202,9 +203,9 @@ def lock_logger_directory(config: Any) -> RunLock | None:
     - A ``save_dir/name/version`` logger (CSV, TensorBoard): its next ``version_N`` (or the ``version`` given, which
       must not hold an earlier run), pinned as its ``version``.
     - A logger with a ``save_dir`` but no run folder of its own (W&B, whose ``version`` is its run id): the next
-      ``save_dir/NAME/version_N`` (``NAME``: the logger's ``name``, else its own name, W&B's project) becomes its
-      ``save_dir`` (W&B keeps its files under ``wandb/`` there) and ``checkpoint.dirpath`` its ``checkpoints/``,
-      unless set.
+      ``save_dir/NAME/version_N`` (``NAME``: the logger's ``name``, else its own name, W&B's project, else ``wandb``)
+      becomes its ``save_dir`` (W&B keeps its files under ``wandb/`` there) and ``checkpoint.dirpath`` its
+      ``checkpoints/``, unless set.
 
     None (no lock) when the logger is off or takes neither. Also removes what killed earlier runs left
     half-written in the sibling run directories and their ``checkpoints/``
@@ -222,7 +223,8 @@ def lock_logger_directory(config: Any) -> RunLock | None:
             _refuse_earlier_run(run_dir)
         init_args["version"] = instance.version
     elif init_args.get("save_dir") is not None:
-        run_dir = next_version_dir(Path(init_args["save_dir"]) / str(init_args.get("name") or instance.name))
+        name = init_args.get("name") or instance.name or type(instance).__name__.removesuffix("Logger").lower()
+        run_dir = next_version_dir(Path(init_args["save_dir"]) / str(name))
         init_args["save_dir"] = str(run_dir)
         if config["checkpoint"].get("dirpath") is None:
             config["checkpoint"]["dirpath"] = str(run_dir / "checkpoints")

@@ -41,12 +41,12 @@ __all__ = [
     "check_rewards",
     "compute_dtype",
     "get_objective",
-    "import_objective_modules",
     "ggpo_diagnostics",
     "ggpo_group_loss",
     "ggpo_loss",
     "ggpo_weights",
     "grpo_loss",
+    "import_objective_modules",
     "maxrl_loss",
     "register_objective",
 ]
