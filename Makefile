@@ -4,10 +4,15 @@ PY := $(VENV)/bin/python
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup setup-vllm test test-slow test-vllm quickstart
+.PHONY: setup setup-run setup-vllm test test-slow test-vllm quickstart
 
+# the package with its dev extra: what the tests need (pytest, the optional extras, TRL for the benchmarks' tests)
 setup:
-	VENV=$(VENV) bash scripts/setup-venv.sh
+	VENV=$(VENV) EXTRAS=dev bash scripts/setup-venv.sh
+
+# the package alone: what the quickstart needs
+setup-run:
+	VENV=$(VENV) EXTRAS= bash scripts/setup-venv.sh
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
@@ -22,5 +27,5 @@ setup-vllm:
 test-vllm: setup-vllm
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
-quickstart: setup
+quickstart: setup-run
 	HF_HUB_OFFLINE=1 $(VENV)/bin/ggpo-train --config recipes/quickstart.yaml

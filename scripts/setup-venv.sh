@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment and install the package
-# with its dev extra. Used by `make test`, `make quickstart` and CI.
+# with the extras a command needs. Used by `make test` (and CI) and `make quickstart`.
 #
 #   VENV=.venv           where the environment lives
 #   PYTHON=python3       interpreter that creates it
+#   EXTRAS=dev           the package's extras to install: `dev` (the tests' packages: `make test`,
+#                        `make setup`), empty (the package alone: `make quickstart`, `make setup-run`)
 #   TORCH_SPEC=torch==2.13.0                               torch requirement installed first (see below)
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu   the index it comes from
 #
@@ -20,16 +22,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-stamp="$VENV/.ggpo-installed"
+EXTRAS=${EXTRAS-dev}
+spec=.${EXTRAS:+[$EXTRAS]}
+stamp="$VENV/.ggpo-installed-${EXTRAS:-base}"
 
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
-    exit 0  # up to date
-fi
+# up to date: these extras, or the dev extra (which holds every other), installed since pyproject.toml changed
+for installed in "$stamp" "$VENV/.ggpo-installed-dev"; do
+    if [ -f "$installed" ] && [ "$installed" -nt pyproject.toml ]; then
+        exit 0
+    fi
+done
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install --quiet --no-deps --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" \
         "${TORCH_SPEC:-torch==2.13.0}"
 fi
-"$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+"$VENV/bin/python" -m pip install --quiet -e "$spec"
 touch "$stamp"

@@ -1,8 +1,8 @@
 """A new objective in one file: RLOO (REINFORCE with a leave-one-out baseline).
 
-Importing this module registers it; then ``--model.objective.name rloo`` trains with it
-(e.g. ``python -c "import rloo_objective; from ggpo_lightning.cli.train import run_training;
-run_training()" --config recipes/quickstart.yaml --model.objective.name rloo``).
+Importing this module registers it; then ``--model.objective.name rloo`` trains with it:
+``PYTHONPATH=docs/examples ggpo-train --config recipes/quickstart.yaml --objective_module rloo_objective
+--model.objective.name rloo`` (docs/ADDING_AN_OBJECTIVE.md).
 """
 
 from __future__ import annotations

@@ -96,6 +96,28 @@ def _run_settings(ctx: click.Context, model_source: str) -> dict[str, Any]:
     return taken
 
 
+def _chat_settings(ctx: click.Context, chat_template: Any, system: str | None, kwargs: str | None) -> Any:
+    """``--chat-template`` with ``--system-prompt`` and ``--chat-template-kwargs`` (either turns the template on, over
+    a run directory's settings: the flags given replace their fields); ValueError naming a flag."""
+    if system is None and kwargs is None:
+        return chat_template
+    if not chat_template and ctx.get_parameter_source("chat_template") is ParameterSource.COMMANDLINE:
+        raise ValueError("--system-prompt and --chat-template-kwargs go through the chat template: leave out "
+                         "--no-chat-template")
+    settings = dict(chat_template) if isinstance(chat_template, dict) else {}
+    if system is not None:
+        settings["system"] = system
+    if kwargs is not None:
+        try:
+            settings["kwargs"] = json.loads(kwargs)
+        except json.JSONDecodeError:
+            settings["kwargs"] = None
+        if not isinstance(settings["kwargs"], dict):
+            raise ValueError(f"--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}'; "
+                             f"got {kwargs!r}")
+    return settings
+
+
 @click.command("eval")
 @click.argument("model_source", metavar="MODEL")
 @click.argument("benchmarks", metavar="BENCH...", nargs=-1,
@@ -118,6 +140,11 @@ def _run_settings(ctx: click.Context, model_source: str) -> dict[str, Any]:
               help="Python format string of the prompt; {prompt} is the problem text.")
 @click.option("--chat-template/--no-chat-template", default=False, show_default=True,
               help="Wrap each prompt as a user turn of the tokenizer's chat template.")
+@click.option("--system-prompt", default=None, help="A system turn before each prompt, through the chat template "
+              "(turned on by this flag).")
+@click.option("--chat-template-kwargs", default=None, help="A JSON object of the chat template's own arguments, e.g. "
+              "'{\"enable_thinking\": false}' (turns the chat template on; a name the template does not read is an "
+              "error).")
 @click.option("--format", "data_format", type=click.Choice(FORMATS), default=None,
               help="The files' layout (README: Data); default: detected from the first row (verl, math, gsm8k, "
                    "else prompt-answer).")
@@ -140,7 +167,7 @@ def _run_settings(ctx: click.Context, model_source: str) -> dict[str, Any]:
 def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[str, ...],
                  named_paths: tuple[Path, ...], verifier: str, k: int, temperature: float,
                  top_p: float, max_new_tokens: int, batch_size: int, seed: int, template: str, chat_template: bool,
-                 data_format: str | None, prompt_field: str | None, answer_field: str | None, limit: int | None,
+                 system_prompt: str | None, chat_template_kwargs: str | None, data_format: str | None, prompt_field: str | None, answer_field: str | None, limit: int | None,
                  base_model: str | None, device: str | None, engine: str, vllm_args: str | None,
                  json_path: Path | None) -> None:
     """Evaluate MODEL on each benchmark file BENCH (JSONL or Parquet).
@@ -157,6 +184,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
     from ggpo_lightning.evaluation import accuracy as evaluation
     from ggpo_lightning.evaluation.benchmarks import load_named_benchmark
     from ggpo_lightning.records.prompts import validate_golds
+    from ggpo_lightning.rollouts.group import chat_template_errors
 
     settings = _run_settings(click.get_current_context(), model_source)
     if settings:
@@ -167,6 +195,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
     try:
         evaluation.check_settings(k, temperature, top_p, template)
         engine_args = _vllm_settings(engine, vllm_args, device)
+        chat_template = _chat_settings(click.get_current_context(), chat_template, system_prompt, chat_template_kwargs)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if len(named) != len(named_paths):
@@ -188,6 +217,10 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
                 validate_golds(rows, checker)
             _verify_source(Path(model_source).expanduser())
             model, tokenizer = evaluation.load_model(model_source, base_model)
+            problems_of_template = chat_template_errors(tokenizer, chat_template, model_source, "--chat-template",
+                                                        "--chat-template-kwargs")
+            if problems_of_template:
+                raise click.UsageError("; ".join(problems_of_template))
             if engine_args is None:
                 sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             else:

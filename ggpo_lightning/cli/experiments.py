@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ggpo_lightning.records.atomic import atomic_write_text
+from ggpo_lightning.records.extras import EXTRAS, installed
 
 
 @click.command("sweep")
@@ -43,7 +44,7 @@ def sweep_command(grid_file: Path, dry_run: bool, shard: str) -> None:
 @click.command("report")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write report.md and PNG plots here (plots need matplotlib).")
+              help="Write report.md and PNG plots here (plots need matplotlib; without it the tables only).")
 @click.option("--settings", default=None, help="Comma-separated column order, e.g. sync1,sync8,sync32,offline.")
 def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str | None) -> None:
     """Final held-out accuracy (mean ± std over seeds) per objective x setting for RUN_DIRS
@@ -74,8 +75,11 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     click.echo(text)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        plots = plot_curves(runs, out, order)
+        plots = plot_curves(runs, out, order) if installed("matplotlib") else []
         atomic_write_text(out / "report.md", text + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
         click.echo(f"report written to {out / 'report.md'} with {len(plots)} plots")
+        if not installed("matplotlib"):  # the tables are written all the same
+            click.echo(f"plots skipped: matplotlib is not installed (pip install 'ggpo-lightning[{EXTRAS['matplotlib']}]')",
+                       err=True)
     if errors:
         sys.exit(1)

@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, DefaultHelpFormatter
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from ggpo_lightning import __version__
 from ggpo_lightning.core.distributed import launched_as_global_rank_zero
-from ggpo_lightning.records.errors import SettingsError
+from ggpo_lightning.core.objectives import import_objective_modules
+from ggpo_lightning.records.errors import FolderInUseError, MissingFileError, SettingsError
 from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
@@ -30,12 +32,35 @@ from ggpo_lightning.training.samples import SampleLog
 from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
-from ggpo_lightning.records.run_lock import lock_run_directory, release_run_directory
+from ggpo_lightning.records.run_lock import RunLock, lock_run_directory, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
-__all__ = ["GGPOTrainCLI", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
-           "run_training", "train_main"]
+__all__ = ["GGPOTrainCLI", "check_config_files", "check_devices", "exit_code", "launched_as_global_rank_zero", "lock_logger_directory",
+           "next_version_dir", "run_training", "train_main"]
+
+USAGE = "ggpo-train --config RECIPE.yaml [--config OVERLAY.yaml ...] [--KEY VALUE ...]"
+"""The first line of ``ggpo-train --help`` (argparse's own would list all of its hundreds of keys)."""
+
+DESCRIPTION = """\
+Trains a language model with GGPO (or GRPO, AGRO, MaxRL) on verifiable rewards: a recipe in, a trained model and
+summary.json out. A recipe is a YAML file; every key below can be set in it or as --KEY VALUE after it.
+
+  ggpo-train --config recipes/quickstart.yaml            the CPU quickstart (a few minutes, nothing downloaded)
+  ggpo recipes list                                      the shipped recipes (ggpo recipes copy NAME: one to edit)
+  ggpo-train --config RECIPE.yaml --print_config         the recipe with every key resolved
+  ggpo-train --config RECIPE.yaml --ckpt_path CKPT       resume a run
+
+README.md and recipes/README.md explain the keys; Lightning's own (trainer.*) follow its Trainer."""
+"""What ``ggpo-train --help`` says before the keys."""
+
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with the description's own line breaks kept (argparse's RawDescriptionHelpFormatter)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
@@ -53,13 +78,14 @@ class GGPOTrainCLI(LightningCLI):
     recipe and data checked before any weights load (:mod:`~ggpo_lightning.training.preflight`) and the run directory
     locked (:mod:`~ggpo_lightning.records.run_lock`)."""
 
-    run_lock = None
-    """The open lock file of the run directory (held until the process exits)."""
+    run_lock: RunLock | None = None
+    """The lock of the run directory (held until the run ends)."""
     train_path_from_command_line = False
     """Whether ``--data.train_path`` was given on the command line without ``--synthetic_data`` settings (synthetic
     data is then built only at the recipe's own path)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--version", action="version", version=f"ggpo-train {__version__}")
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(SampleLog, "samples")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -73,6 +99,11 @@ class GGPOTrainCLI(LightningCLI):
                             help="Refuse to start when the memory estimate printed at start (weights, gradients, "
                                  "optimizer state, reference, activations per micro-batch, rollout engine) exceeds "
                                  "the GPU's memory, or on CPU the available host memory; false starts anyway.")
+        parser.add_argument("--objective_module", type=str | list[str] | None, default=None,
+                            help="Import this module (or each of a list: [a.b, c]) before the recipe is checked: "
+                                 "objectives it registers (register_objective) can be named by "
+                                 "model.objective.name. Objectives of installed packages need none: they are found "
+                                 "through the entry-point group ggpo.objectives (docs/ADDING_AN_OBJECTIVE.md).")
         parser.add_argument("--tiny_model", type=TinyModelConfig | None, default=None,
                             help="Build a tiny local model (tokenizer, Llama config, supervised warm-up on "
                                  "synthetic_data.task through data.prompt_template) at model.model_name_or_path "
@@ -90,11 +121,13 @@ class GGPOTrainCLI(LightningCLI):
         try:
             if any(a.startswith("--print_config") for a in given):  # jsonargparse prints and exits in the parse
                 config = parser.parse_args([a for a in given if not a.startswith("--print_config")]).as_dict()
+                import_objective_modules(_as_list(config.get("objective_module")))
                 PromptGroupDataModule(**config["data"])  # its constructor checks data.* and reads no file
                 check_model_settings(config["model"])
             super().parse_arguments(parser, args)
         except ArgumentError as err:
-            raise SettingsError(explain_parse_error(str(err), known_keys(parser))) from None
+            raise SettingsError(explain_parse_error(str(err), known_keys(parser), _config_files(given))) from None
+        import_objective_modules(_as_list(self.config.get("objective_module")))  # before model.objective is checked
         # a command line that sets synthetic_data itself asks for it at its own data.train_path
         self.train_path_from_command_line = _on_command_line(given, "data.train_path") and not _on_command_line(
             given, "synthetic_data")
@@ -105,7 +138,7 @@ class GGPOTrainCLI(LightningCLI):
         build_quickstart_inputs(self.config, self.train_path_from_command_line)
         check_run(self.config.as_dict(), self.config.get("ckpt_path"))
         if launched_as_global_rank_zero():
-            self.run_lock = lock_logger_directory(self.config["trainer"])
+            self.run_lock = lock_logger_directory(self.config)
 
     def instantiate_classes(self) -> None:
         try:
@@ -125,33 +158,101 @@ class GGPOTrainCLI(LightningCLI):
         return trainer
 
 
+def check_config_files(paths: list[str]) -> None:
+    """A ``--config`` file that does not exist: one line naming it, and for the name of a shipped recipe
+    (``--config quickstart``) the command that writes it here."""
+    from ggpo_lightning.cli.recipes import recipe_files
+
+    for path in paths:
+        if path.lstrip().startswith("{") or Path(path).expanduser().exists():  # "{...}": a recipe given inline
+            continue
+        name = path.removesuffix(".yaml").removeprefix("recipes/")
+        hint = (f"; {name!r} is a shipped recipe: `ggpo recipes copy {name}` writes it to "
+                f"{Path(recipe_files()[name].name)} here, to pass to --config (`ggpo recipes list` shows them all)"
+                if name in recipe_files() else "")
+        raise MissingFileError(f"--config {path}: no such file{hint}")
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
+
+
+def _config_files(args: list[str]) -> list[str]:
+    """The recipe files of ``--config PATH``, ``--config=PATH`` and ``-c PATH`` among ``args`` (a saved run
+    configuration migrated by :func:`~ggpo_lightning.cli.recipe_keys.check_renamed_keys` arrives as YAML text:
+    left out)."""
+    files = []
+    for i, arg in enumerate(args):
+        flag, equals, inline = arg.partition("=")
+        value = inline if equals else (args[i + 1] if i + 1 < len(args) else "")
+        if flag in ("--config", "-c") and "\n" not in value:
+            files.append(value)
+    return files
+
+
 def _on_command_line(args: list[str], key: str) -> bool:
     """Whether ``args`` set ``key`` or a key under it (``--key V``, ``--key=V``, ``--key.sub V``)."""
     return any(a == f"--{key}" or a.startswith((f"--{key}=", f"--{key}.")) for a in args)
 
 
-def lock_logger_directory(trainer_config: Any):
-    """Lock the run directory the recipe's logger will write to (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`)
-    and pin the logger's ``version`` to it, so that the logger opens the directory that was locked.
+def lock_logger_directory(config: Any) -> RunLock | None:
+    """Choose the run directory of the recipe ``config``'s logger, lock it
+    (:func:`~ggpo_lightning.records.run_lock.lock_run_directory`) and pin the logger to it, so that every run writes
+    into a folder of its own and leaves earlier runs untouched.
 
-    None (no lock) when the logger is off, does not take a ``version`` (``save_dir/name/version`` loggers do:
-    CSV, TensorBoard) or has no ``log_dir`` (W&B's ``version`` is its run id; its files go under its own
-    ``save_dir/wandb/``). Also removes what killed earlier runs left half-written in the sibling run directories
-    and their ``checkpoints/`` (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
+    - A ``save_dir/name/version`` logger (CSV, TensorBoard): its next ``version_N`` (or the ``version`` given, which
+      must not hold an earlier run), pinned as its ``version``.
+    - A logger with a ``save_dir`` but no run folder of its own (W&B, whose ``version`` is its run id): the next
+      ``save_dir/NAME/version_N`` (``NAME``: the logger's ``name``, else its own name, W&B's project, else ``wandb``)
+      becomes its ``save_dir`` (W&B keeps its files under ``wandb/`` there) and ``checkpoint.dirpath`` its
+      ``checkpoints/``, unless set.
+
+    None (no lock) when the logger is off or takes neither. Also removes what killed earlier runs left
+    half-written in the sibling run directories and their ``checkpoints/``
+    (:func:`~ggpo_lightning.records.atomic.remove_orphans`)."""
     from lightning.pytorch.cli import instantiate_class
 
-    logger = trainer_config.get("logger")
-    if not hasattr(logger, "get") or "version" not in (logger.get("init_args") or {}):
+    logger = config["trainer"].get("logger")
+    init_args = (logger.get("init_args") or {}) if hasattr(logger, "get") else {}
+    if "version" not in init_args:
         return None
     instance = instantiate_class((), logger.as_dict())
-    if getattr(instance, "log_dir", None) is None:  # a version but no folder of its own (W&B: its run id)
+    if getattr(instance, "log_dir", None) is not None:
+        run_dir = Path(instance.log_dir)
+        if init_args["version"] is not None:  # a folder named in the recipe: never another run's
+            _refuse_earlier_run(run_dir)
+        init_args["version"] = instance.version
+    elif init_args.get("save_dir") is not None:
+        name = init_args.get("name") or instance.name or type(instance).__name__.removesuffix("Logger").lower()
+        run_dir = next_version_dir(Path(init_args["save_dir"]) / str(name))
+        init_args["save_dir"] = str(run_dir)
+        if config["checkpoint"].get("dirpath") is None:
+            config["checkpoint"]["dirpath"] = str(run_dir / "checkpoints")
+    else:
         return None
-    run_dir = Path(instance.log_dir)
     handle = lock_run_directory(run_dir)
-    logger["init_args"]["version"] = instance.version
     for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
         remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
     return handle
+
+
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "final_model")
+"""What a run writes into its directory: a folder holding one of them holds an earlier run."""
+
+
+def _refuse_earlier_run(run_dir: Path) -> None:
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if found:
+        raise FolderInUseError(f"run directory {run_dir} holds an earlier run ({', '.join(found)}); leave out "
+                               "trainer.logger.init_args.version for the next free version_N, or give another one")
+
+
+def next_version_dir(parent: Path) -> Path:
+    """``parent/version_N`` for the first ``N`` above every ``version_*`` folder there (``version_0`` in a new or
+    empty ``parent``), as the CSV and TensorBoard loggers number their runs."""
+    numbers = [int(p.name[len("version_"):]) for p in parent.glob("version_*")
+               if p.is_dir() and p.name[len("version_"):].isdigit()]
+    return parent / f"version_{max(numbers, default=-1) + 1}"
 
 
 def check_devices(accelerator: Any, devices: Any) -> None:
@@ -196,6 +297,7 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
     for pattern in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     given = sys.argv[1:] if args is None else args
+    check_config_files(_config_files(given))
     checked = check_renamed_keys(given)
     # the command line is LightningCLI's own unless a saved configuration was migrated (handing it the same list
     # again makes it warn that args and a command line were both given: ggpo-train's own call)
@@ -207,13 +309,20 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         auto_configure_optimizers=False,  # the module's optimizer covers the learner only
         save_config_kwargs={"overwrite": True},
         trainer_defaults=TRAINER_DEFAULTS,
-        parser_kwargs={"exit_on_error": False},  # parse_arguments turns the error into one line
+        # parse_arguments turns the error into one line; a shortened key (--trainer.max_step) is refused, not guessed
+        parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "usage": USAGE, "description": DESCRIPTION,
+                       "formatter_class": _HelpFormatter},
         args=args,
     )
     summary = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunSummary))
     summary.recipe = summary.recipe or _recipe_name(cli.config.get("config") or [])
     cli.model.resume_mismatch_ok = cli.config.get("resume_mismatch_ok", False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.get("ckpt_path"))
+    except BaseException:  # a run stopped before its first step (a refused resume) leaves no run directory behind
+        if cli.run_lock is not None:
+            release_run_directory(cli.run_lock)
+        raise
     return cli
 
 

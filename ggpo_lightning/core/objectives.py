@@ -19,12 +19,17 @@ The formulas are derived in ``docs/METHOD.md`` (``#the-objective``, ``#the-gradi
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Callable
 
 import torch
 from torch import Tensor
+
+from ggpo_lightning.records.errors import SettingsError
 
 __all__ = [
     "Objective",
@@ -41,6 +46,7 @@ __all__ = [
     "ggpo_loss",
     "ggpo_weights",
     "grpo_loss",
+    "import_objective_modules",
     "importance_weights",
     "maxrl_loss",
     "off_policy_sequence_mask",
@@ -551,9 +557,10 @@ class ObjectiveConfig:
     def errors(self) -> list[str]:
         """Every invalid setting, each naming its recipe key (empty when valid)."""
         errors = []
-        if self.name not in _OBJECTIVES:
+        if _find_objective(self.name) is None:
             errors.append(f"model.objective.name: unknown objective {self.name!r}; available: "
-                          f"{', '.join(available_objectives())}")
+                          f"{', '.join(available_objectives())} (a plugin's: --objective_module or an entry point "
+                          f"of {ENTRY_POINT_GROUP!r}, docs/ADDING_AN_OBJECTIVE.md)")
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
             errors.append(f"model.objective.beta must be a finite number > 0, got {self.beta!r}")
         if not 0 < self.clip_eps < 1:
@@ -641,19 +648,56 @@ def register_objective(objective: Objective) -> Objective:
     return objective
 
 
+ENTRY_POINT_GROUP = "ggpo.objectives"
+"""The entry-point group of objectives from other packages: ``NAME = "package.module:OBJECTIVE"`` names an
+:class:`Objective` (registered when a recipe first names it), or a module that registers ``NAME`` on import."""
+
+
 def get_objective(name: str) -> Objective:
-    """The registered objective called ``name``; ValueError listing the known names otherwise."""
-    try:
+    """The registered objective called ``name`` (an entry point of :data:`ENTRY_POINT_GROUP` is loaded on first use);
+    ValueError listing the known names otherwise."""
+    objective = _find_objective(name)
+    if objective is None:
+        raise ValueError(f"unknown objective {name!r}; available: {', '.join(available_objectives())}")
+    return objective
+
+
+def _find_objective(name: str) -> Objective | None:
+    """The objective ``name``: registered, or from its entry point (loaded and registered); None when neither."""
+    if name in _OBJECTIVES:
         return _OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown objective {name!r}; available: {', '.join(available_objectives())}"
-        ) from None
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        return None
+    loaded = found[0].load()  # a module registers itself on import; an Objective is registered here
+    if isinstance(loaded, Objective):
+        if loaded.name != name:
+            raise ValueError(f"entry point {name} = {found[0].value} ({ENTRY_POINT_GROUP}) is the objective "
+                             f"{loaded.name!r}: the entry point's name must be the objective's")
+        register_objective(loaded)
+    if name not in _OBJECTIVES:
+        raise ValueError(f"entry point {name} = {found[0].value} ({ENTRY_POINT_GROUP}) registered no objective "
+                         f"{name!r}: point it at an Objective, or at a module that registers one")
+    return _OBJECTIVES[name]
+
+
+def import_objective_modules(modules: Iterable[str]) -> None:
+    """Import each module of ``modules`` (dotted names, ``ggpo-train --objective_module``), whose import registers
+    objectives (:func:`register_objective`). A module that is not found is a
+    :class:`~ggpo_lightning.records.errors.SettingsError` naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module == error.name or module.startswith(f"{error.name}.")):
+                raise  # the module itself was found, something it imports was not: its own traceback
+            raise SettingsError(f"objective_module: cannot import {module!r} ({error}); is its folder on "
+                                "PYTHONPATH, or its package installed?") from error
 
 
 def available_objectives() -> list[str]:
-    """Sorted names of the registered objectives."""
-    return sorted(_OBJECTIVES)
+    """Sorted names of the registered objectives and of the entry points of :data:`ENTRY_POINT_GROUP`."""
+    return sorted(set(_OBJECTIVES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
 register_objective(Objective(

@@ -99,7 +99,7 @@ def load_benchmark(path: str | Path, prompt_field: str | None = None, answer_fie
     layout with the prompt the first of ``problem``, ``question``, ``prompt`` the record has and the gold the
     first of ``answer``, ``solution``. Giving ``prompt_field`` / ``answer_field`` chooses the ``prompt-answer``
     layout with those fields (the other half still detected). Ids come from an ``id`` field, else
-    ``file:line``. ``limit`` keeps the first N problems.
+    ``file:line``. ``limit`` reads only the first N problems (a malformed row after them is never read).
 
     Raises:
         FileNotFoundError: no such file.
@@ -125,8 +125,8 @@ def load_benchmark(path: str | Path, prompt_field: str | None = None, answer_fie
                 f"field ({', '.join(PROMPT_FIELDS)}) and an answer field ({', '.join(ANSWER_FIELDS)}); map "
                 f"yours with --prompt-field and --answer-field, or choose the layout with --format")
         format = "prompt-answer"
-    rows = load_prompt_rows(path, prompt_field or "prompt", answer_field or "answer", format=format, hint=EVAL_HINT)
-    return rows[:limit]
+    return load_prompt_rows(path, prompt_field or "prompt", answer_field or "answer", format=format, hint=EVAL_HINT,
+                            limit=limit)
 
 
 # ----------------------------------------------------------------------------- models

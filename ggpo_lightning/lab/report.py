@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggpo_lightning.records.atomic import atomic_write_bytes
+from ggpo_lightning.records.extras import require
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
 __all__ = ["Run", "STEP_MEANS", "collect_runs", "gain_table", "markdown_table", "plot_curves", "step_mean_table"]
@@ -223,13 +224,12 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
     coverage bound (95th percentile of log pi/mu) vs steps (the last three moving averages over ``reward_window``
     steps).
     Written atomically."""
-    try:
-        import matplotlib
+    require("matplotlib", "plots")
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # optional extra
-        raise RuntimeError("plots need matplotlib: pip install 'ggpo-lightning[plot]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     objectives = _ordered({r.objective for r in runs}, OBJECTIVE_ORDER)

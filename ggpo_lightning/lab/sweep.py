@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -157,7 +158,7 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
             continue
         argv = _argv(grid, run)
         if dry_run:
-            echo(f"{prefix}: {' '.join(argv[3:])}")
+            echo(f"{prefix}: {shlex.join(['ggpo-train', *argv[3:]])}")  # pasteable: quoted, '' kept
             results.append((run, "planned"))
             continue
         if run_dir.exists():

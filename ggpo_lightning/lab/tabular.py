@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from ggpo_lightning.records.atomic import atomic_write_bytes
+from ggpo_lightning.records.extras import require
 from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, available_objectives, get_objective
 
@@ -494,13 +495,12 @@ def _step_loss(objective: str, logp_all: Tensor, actions: Tensor, prompts: Tenso
 
 def plot_runs(runs: list[TabularRun], path: str, title: str) -> None:
     """Save a PNG with KL(pi || pi*) (log scale) and J* - J against steps, one line per objective."""
-    try:
-        import matplotlib
+    require("matplotlib", "--plot")
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # optional extra
-        raise RuntimeError("plotting needs matplotlib: pip install 'ggpo-lightning[plot]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, (ax_kl, ax_gap) = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
         ax_kl.plot(run.steps, [max(v, 1e-18) for v in run.kl_to_optimum], label=run.objective)

@@ -43,8 +43,9 @@ def _in_hub_cache(repo_id: str, marker_files: Sequence[str], kwargs: dict[str, A
 def _resolve_source(name_or_path: str | Path, kwargs: dict[str, Any], marker_files: Sequence[str]) -> str:
     """A local folder, or a hub id that ``from_pretrained`` can load without surprises.
 
-    Raises ``FileNotFoundError`` for a missing local path, and ``OSError`` for a hub id
-    that is not cached while offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``).
+    Raises :class:`~ggpo_lightning.records.errors.MissingFileError` (a ``FileNotFoundError``, so an ``OSError``) for
+    a missing local path, and for a hub id that is not cached while offline (``HF_HUB_OFFLINE=1`` or
+    ``local_files_only=True``).
     """
     name = str(name_or_path)
     local = Path(name).expanduser()
@@ -55,7 +56,7 @@ def _resolve_source(name_or_path: str | Path, kwargs: dict[str, Any], marker_fil
                                f"check the path, or build it first")
     offline = is_offline_mode() or kwargs.get("local_files_only", False)
     if offline and not _in_hub_cache(name, marker_files, kwargs):
-        raise OSError(f"{name!r} is neither a local folder nor a model in the Hugging Face cache, and downloads "
+        raise MissingFileError(f"{name!r} is neither a local folder nor a model in the Hugging Face cache, and downloads "
                       f"are off (HF_HUB_OFFLINE=1 or local_files_only). Download it first while online "
                       f"(`hf download {name}`), or pass the path of a local folder.")
     return name
@@ -100,7 +101,7 @@ def load_causal_lm(name_or_path: str | Path, dtype: torch.dtype | str | None = N
     Raises:
         FileNotFoundError: the argument is a path (exists, or starts with ``/``, ``./``,
             ``../``, ``~``, or has more separators than ``org/name``) that does not exist.
-        OSError: a hub id that is not cached while offline (``HF_HUB_OFFLINE=1``).
+        FileNotFoundError: a hub id that is not cached while offline (``HF_HUB_OFFLINE=1``).
     """
     source = _resolve_source(name_or_path, kwargs, ("config.json",))
     if dtype is not None:

@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ggpo_lightning.records.extras import require
+
 __all__ = ["LoraSettings", "adapter_disabled", "base_fingerprint", "check_target_modules", "lora_layers",
            "merge_and_reset", "plain_state_dict", "save_adapter", "wrap"]
 
@@ -73,11 +75,9 @@ class LoraSettings:
 
 
 def _require_peft():
-    try:
-        import peft
-    except ImportError as exc:
-        raise ImportError("model.lora needs the peft library: pip install 'ggpo-lightning[lora]' "
-                          "(or remove the model.lora section to train all weights)") from exc
+    require("peft", "model.lora (remove the section to train all weights)")
+    import peft
+
     return peft
 
 

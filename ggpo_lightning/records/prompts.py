@@ -7,6 +7,7 @@ bad record is reported the same way everywhere, naming ``file:line``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ggpo_lightning.records.errors import DataError, MissingFileError
+from ggpo_lightning.records.extras import require
 from ggpo_lightning.records.formats import to_schema
 
 PAPER_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\n"
@@ -43,10 +45,9 @@ def read_records(path: Path) -> Iterator[tuple[int, dict]]:
     A line that is not UTF-8 or not a JSON object is a ValueError naming ``file:line``.
     """
     if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+        require("pyarrow", f"{path} (a Parquet file)")
+        import pyarrow.parquet as pq
+
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         return
     with open(path, "rb") as f:  # bytes: a decoding error names its line
@@ -80,11 +81,9 @@ def read_source(path: Path, split: str = "train") -> Iterator[tuple[str, dict[st
         for number, record in read_records(path):
             yield f"{path}:{number}", record
         return
-    try:
-        import datasets
-    except ImportError as exc:
-        raise DataError(f"{path}: reading a save_to_disk folder needs the datasets package "
-                        "(pip install 'ggpo-lightning[data]')") from exc
+    require("datasets", f"{path} (a save_to_disk folder)")
+    import datasets
+
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
@@ -96,7 +95,7 @@ def read_source(path: Path, split: str = "train") -> Iterator[tuple[str, dict[st
 
 def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answer_field: str = "answer",
                      id_field: str | None = "id", template: str = "{prompt}", format: str = "prompt-answer",
-                     hint: str = TRAIN_HINT) -> list[PromptRow]:
+                     hint: str = TRAIN_HINT, limit: int | None = None) -> list[PromptRow]:
     """Read prompts and gold answers from a JSONL or Parquet file of layout ``format``
     (:data:`~ggpo_lightning.records.formats.FORMATS`; each record goes through
     :func:`~ggpo_lightning.records.formats.to_schema`, which extracts the gold once).
@@ -104,12 +103,14 @@ def load_prompt_rows(path: str | os.PathLike, prompt_field: str = "prompt", answ
     ``template`` is formatted with the schema row's fields (``{prompt}`` is the prompt). A
     record without its fields, whose prompt is empty or whitespace only, or without a gold is
     a :class:`~ggpo_lightning.records.errors.DataError` naming the file, the line and the
-    fields it does have (then ``hint``).
+    fields it does have (then ``hint``). ``limit`` reads only the first N records of a JSONL file (the lines after
+    them are not read, let alone checked).
     """
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"prompt file {path} does not exist")
-    records = ((f"{path}:{number}", f"{path.name}:{number}", record) for number, record in read_records(path))
+    records = ((f"{path}:{number}", f"{path.name}:{number}", record)
+               for number, record in itertools.islice(read_records(path), limit))
     return _rows(records, str(path), prompt_field, answer_field, id_field, template, format, hint)
 
 
@@ -123,11 +124,9 @@ def load_dataset_rows(name: str, split: str, config_name: str | None = None, pro
     ``HF_HUB_OFFLINE=1`` only cached or local datasets load. Errors name the row as
     ``name[split]:index``.
     """
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(f"data.dataset {name!r} needs the datasets package (pip install datasets), "
-                          "or give data.train_path as a JSONL/Parquet file") from exc
+    require("datasets", f"data.dataset {name!r}")
+    import datasets
+
     table = datasets.load_dataset(name, config_name, split=split)
     label = f"{name}[{split}]"
     records = ((f"{label}:{i}", f"{label}:{i}", record) for i, record in enumerate(table))

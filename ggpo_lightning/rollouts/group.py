@@ -3,6 +3,7 @@ counts of what it cost."""
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,48 @@ def chat_messages(text: str, chat: ChatTemplate, messages: Sequence[dict[str, An
     if chat.system is not None and not any(t.get("role") == "system" for t in turns):
         turns.insert(0, {"role": "system", "content": chat.system})
     return turns
+
+
+def chat_template_errors(tokenizer, chat_template: bool | ChatTemplate | dict[str, Any] | None, source: str,
+                         key: str = "model.chat_template", kwargs_key: str | None = None) -> list[str]:
+    """What keeps ``tokenizer``'s chat template from taking the settings ``chat_template`` (:func:`chat_settings`),
+    each naming ``key``: no template at all, or a ``kwargs`` name that is none of the template's variables (a
+    misspelt ``enable_thinking`` would be ignored by the template), with the closest variable, named as
+    ``KEY.kwargs.NAME`` (or ``KWARGS_KEY NAME``: a command-line flag). ``source`` names the model."""
+    chat = chat_settings(chat_template)
+    if chat is None:
+        return []
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return [f"{key} is on but the tokenizer of {source} has no chat template; turn {key} off (the prompt text "
+                "as it is) or use a model whose tokenizer has one"]
+    variables = template_variables(template)
+    errors = []
+    for name in sorted(set(chat.kwargs) - variables):
+        close = difflib.get_close_matches(name, sorted(variables), n=1, cutoff=0.6)
+        label = f"{key}.kwargs.{name}" if kwargs_key is None else f"{kwargs_key} {name}"
+        errors.append(f"{label} is not a variable of the chat template of {source}, which would ignore "
+                      "it" + (f"; did you mean {close[0]}?" if close else f" (its variables: {', '.join(sorted(variables))})"))
+    return errors
+
+
+def template_variables(template: str | dict[str, str]) -> set[str]:
+    """The variables a Jinja chat template reads from its context (``messages``, ``enable_thinking``, ...); of every
+    template when the tokenizer has several (a dict of named templates)."""
+    from jinja2 import meta, nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):  # transformers' {% generation %} ... {% endgeneration %}: its body as it is
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            return nodes.Scope(parser.parse_statements(("name:endgeneration",), drop_needle=True)).set_lineno(lineno)
+
+    environment = ImmutableSandboxedEnvironment(extensions=[loopcontrols, Generation])  # as transformers renders
+    sources = template.values() if isinstance(template, dict) else [template]
+    return set().union(*(meta.find_undeclared_variables(environment.parse(source)) for source in sources))
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool | ChatTemplate | dict[str, Any] | None = False,

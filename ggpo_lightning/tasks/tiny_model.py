@@ -19,7 +19,6 @@ the custom vocabulary.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from filelock import FileLock, Timeout
 from ggpo_verifiers import Verifier, get_verifier
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import WordLevel
@@ -444,19 +444,19 @@ def ensure_tiny_model(path: str | Path, config: TinyModelConfig) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):
-    """An exclusive ``flock`` on the folder that holds ``path`` while ``path`` is checked and built: no lock file is
-    left behind, the kernel releases the lock however the holder exits, and builds into one folder take turns."""
+    """An exclusive lock (``filelock``: an OS lock, released however the holder exits) on ``.NAME.lock`` beside
+    ``path`` while ``path`` is checked and built: builds into one folder take turns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    folder = os.open(path.parent, os.O_RDONLY)
+    lock = FileLock(path.parent / f".{path.name}.lock")
     try:
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"[tiny-model] another process is building in {path.parent}: waiting for it", flush=True)
-            fcntl.flock(folder, fcntl.LOCK_EX)
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"[tiny-model] another process is building {path}: waiting for it", flush=True)
+        lock.acquire()
+    try:
         yield
     finally:
-        os.close(folder)  # releases the lock
+        lock.release()
 
 
 def _as_json(config: TinyModelConfig) -> dict[str, Any]:

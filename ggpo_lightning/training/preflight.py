@@ -17,7 +17,9 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   (:func:`~ggpo_lightning.records.integrity.check_checkpoint`);
 - the memory the run will take per device (:mod:`~ggpo_lightning.models.memory`: printed, and refused when it
   exceeds the GPU's memory, or on CPU the host's available memory, unless ``--memory_check false``);
-- with ``model.rollout.engine: vllm``, that vLLM is installed.
+- with ``model.rollout.engine: vllm``, that vLLM is installed, and the optional packages the recipe needs
+  (``peft`` for LoRA, ``wandb`` / ``tensorboard`` for their loggers, ``pyarrow`` for Parquet, ``datasets``);
+- with ``model.chat_template``, that the tokenizer has a chat template that reads every ``kwargs`` name.
 
 The module checks its own settings first thing in its constructor, also before loading.
 Prompts read from a ``datasets`` dataset (``data.dataset``) are checked when the run
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ggpo_lightning.core.distributed import launched_as_global_rank_zero
-from ggpo_lightning.records.errors import DataError, SettingsError
+from ggpo_lightning.records.errors import DataError, MissingFileError, SettingsError
 from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import check_checkpoint
 from ggpo_lightning.models.loading import looks_like_path
@@ -43,7 +45,8 @@ from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.rollouts.config import (VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig,
                                            vllm_available)
 from ggpo_lightning.rollouts.engines import placement_run_errors
-from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
+from ggpo_lightning.records.extras import installed, require
+from ggpo_lightning.rollouts.group import ChatTemplate, chat_template_errors, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
 from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.training.settings import build_config, check_model_settings
@@ -57,12 +60,16 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     check_model_settings(config["model"])  # the recipe's own consistency first, then what this machine has
     _check_processes(config)
     _check_engine_installed(config["model"].get("rollout") or {})
+    _check_packages(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     datamodule.load_rows()
     model = config["model"]
     name = str(model["model_name_or_path"])
     if Path(name).expanduser().exists() or not looks_like_path(name):  # a missing folder: the module says so
         tokenizer, model_config = _tokenizer_and_config(name)
+        errors = chat_template_errors(tokenizer, model.get("chat_template"), name)
+        if errors:
+            raise SettingsError("; ".join(errors))
         check_prompt_lengths(datamodule.train_rows + datamodule.val_rows, tokenizer,
                              _context_length(model_config, tokenizer), _max_new_tokens(model),
                              model.get("chat_template"))
@@ -89,6 +96,27 @@ def _check_engine_installed(rollout: dict[str, Any]) -> None:
     if rollout.get("engine") == "vllm" and not vllm_available():
         raise SettingsError("model.rollout.engine: vllm needs vLLM, which is not installed here: "
                             f"{VLLM_INSTALL_HINT}; or sample with the HF engine: --model.rollout.engine hf")
+
+
+def _check_packages(config: dict[str, Any]) -> None:
+    """The optional packages the recipe needs (:mod:`~ggpo_lightning.records.extras`), before the data is read or
+    any weights load: ``peft`` for ``model.lora``, ``wandb`` or ``tensorboard`` for their loggers, ``pyarrow`` for
+    Parquet prompts, ``datasets`` for ``data.dataset``."""
+    if config["model"].get("lora"):
+        require("peft", "model.lora (remove the section to train all weights)")
+    loggers = (config.get("trainer") or {}).get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        class_name = str(logger.get("class_path", "") if isinstance(logger, dict) else "").rsplit(".", 1)[-1]
+        if class_name == "WandbLogger":
+            require("wandb", "trainer.logger WandbLogger")
+        elif class_name == "TensorBoardLogger" and not installed("tensorboardX"):  # Lightning takes either
+            require("tensorboard", "trainer.logger TensorBoardLogger")
+    data = config["data"]
+    for key in ("train_path", "val_path"):
+        if str(data.get(key) or "").endswith(".parquet"):
+            require("pyarrow", f"data.{key} (a Parquet file)")
+    if data.get("dataset"):
+        require("datasets", "data.dataset")
 
 
 def _processes(trainer: dict[str, Any]) -> int:
@@ -118,7 +146,11 @@ def _tokenizer_and_config(name_or_path: str):
 
     from ggpo_lightning.models.loading import load_tokenizer
 
-    return load_tokenizer(name_or_path), AutoConfig.from_pretrained(name_or_path)
+    try:
+        tokenizer = load_tokenizer(name_or_path)
+    except MissingFileError as error:  # a hub id that is not in the cache while offline
+        raise MissingFileError(f"model.model_name_or_path: {error}") from None
+    return tokenizer, AutoConfig.from_pretrained(name_or_path)
 
 
 def _context_length(model_config: Any, tokenizer: Any) -> int | None:

@@ -84,3 +84,19 @@ def test_every_third_party_import_is_a_declared_dependency():
                 if not owners & declared:
                     missing.add(f"{top} ({path.relative_to(ROOT)})")
     assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
+
+
+def test_the_quickstart_installs_the_package_alone_and_the_tests_the_dev_extra(wheel):
+    """Issue 40: `make quickstart` installed the whole dev extra (TRL, W&B, py-spy). Now it installs the package with
+    its base dependencies (no extra), `make test` the dev extra; `filelock` (the run lock) is a base dependency."""
+    names = zipfile.ZipFile(wheel).namelist()
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    base = {canonicalize_name(Requirement(line.removeprefix("Requires-Dist: ")).name)
+            for line in metadata.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" not in line}
+    assert "filelock" in base and not base & {"trl", "wandb", "py-spy", "pytest", "tensorboard", "peft"}
+
+    def commands(target: str) -> str:
+        return subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    assert "EXTRAS= bash scripts/setup-venv.sh" in commands("quickstart")
+    assert "EXTRAS=dev bash scripts/setup-venv.sh" in commands("test")

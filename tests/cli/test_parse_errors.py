@@ -48,3 +48,36 @@ def test_a_short_config_flag_gets_the_renamed_key_check(tmp_path):
     for flag in (["-c", str(old)], [f"--config={old}"]):
         with pytest.raises(ValueError, match=rf"{old}: model.beta is now model.objective.beta"):
             run_training(["--config", str(QUICKSTART), *flag])
+
+
+@pytest.mark.parametrize("recipe,key,line,suggestion", [
+    ("model:\n  rollout:\n    sampling:\n      temprature: 0.5\n", "model.rollout.sampling.temprature", 4,
+     "model.rollout.sampling.temperature"),
+    ("model:\n  verifer: numeric\n", "model.verifer", 2, "model.verifier"),
+    ("model:\n  rollout:\n    kk: 3\n", "model.rollout.kk", 3, "model.rollout.k"),
+    ("trainer:\n  max_step: 3\n", "trainer.max_step", 2, "trainer.max_steps"),
+    ("trainr:\n  max_steps: 3\n", "trainr.max_steps", 1 + 1, "trainer.max_steps"),
+    ("model:\n  optimizer:\n    class_path: torch.optim.AdamW\n    init_args:\n      lrr: 0.1\n",
+     "model.optimizer.init_args.lrr", 5, "model.optimizer.init_args.lr"),
+    ("trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n    init_args:\n      save_dirr: x\n",
+     "trainer.logger.init_args.save_dirr", 5, "trainer.logger.init_args.save_dir"),
+])
+def test_a_misspelt_key_in_a_recipe_file_names_the_file_line_full_key_and_the_closest(tmp_path, recipe, key, line,
+                                                                                     suggestion):
+    """Issue 40: a typo nested in YAML was reported as ``model.rollout: expected NoneType`` or ``Group 'model' does
+    not accept option 'verifer'``, without the file, the full key or a suggestion."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(recipe)
+    with pytest.raises(SettingsError) as error:
+        run_training(["--config", str(QUICKSTART), "--config", str(overlay), "--print_config"])
+    assert str(error.value) == (f"{overlay}:{line}: unknown key {key}; did you mean {suggestion}? "
+                                "(ggpo-train --help lists every key)")
+
+
+@pytest.mark.parametrize("args,key", [(("--trainer.max_step", "3"), "trainer.max_steps"),
+                                      (("--model.objective.bet", "0.1"), "model.objective.beta")])
+def test_a_shortened_key_on_the_command_line_is_refused(args, key, capsys):
+    """Issue 40: argparse took ``--trainer.max_step 3`` for ``--trainer.max_steps 3``."""
+    with pytest.raises(SettingsError, match=rf"^unknown key {args[0][2:]}; did you mean {key}\?"):
+        run_training(["--config", str(QUICKSTART), *args, "--print_config"])
+    assert capsys.readouterr().out == ""

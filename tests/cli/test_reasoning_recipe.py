@@ -73,7 +73,10 @@ def test_the_reasoning_recipe_builds_its_data_and_model_at_toy_size_and_passes_i
 
     build_quickstart_inputs(config)  # the second run reuses both
     assert "[tiny-model] reusing" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "runs" / "reasoning-cpu").iterdir()) == ["data", "tiny-model"]
+    # and the tiny model's build lock (filelock's file, kept: removing it would let a waiting build and a new one
+    # lock two different files)
+    assert sorted(p.name for p in (tmp_path / "runs" / "reasoning-cpu").iterdir()) == [".tiny-model.lock", "data",
+                                                                                        "tiny-model"]
 
 
 def test_a_template_other_than_the_recipes_is_an_error_naming_both_keys(capsys):

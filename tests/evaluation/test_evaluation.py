@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from ggpo_lightning.records.prompts import PromptRow
+from ggpo_lightning.rollouts.group import chat_messages, chat_settings, encode_prompt
 from ggpo_lightning.cli.eval import eval_command
 from ggpo_lightning.evaluation.accuracy import (
     EvalResult,
@@ -252,3 +253,46 @@ def test_a_run_directory_is_evaluated_with_its_recipes_settings(run_dir, bench, 
     assert explicit.stdout in result.stdout  # the same evaluation, spelt out (then the line naming the JSON)
     invoke(run_dir, bench, "--max-new-tokens", "1", "--json", tmp_path / "short.json")
     assert json.loads((tmp_path / "short.json").read_text())["settings"]["max_new_tokens"] == 1  # a flag wins
+
+
+def test_limit_reads_only_the_rows_it_needs(tiny_model_dir, tmp_path):
+    """Issue 40: ``ggpo eval --limit 2`` failed on a malformed row 3."""
+    bench = tmp_path / "sums.jsonl"
+    bench.write_text("".join(json.dumps({"problem": r.prompt, "answer": r.gold}) + "\n" for r in ROWS[:2])
+                     + "{not json\n")
+    result = invoke(tiny_model_dir, bench, "--limit", "2", "--verifier", "numeric", "--max-new-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-2].split()[:2] == ["sums", "2"]
+    whole = invoke(tiny_model_dir, bench, "--verifier", "numeric", "--max-new-tokens", "2")
+    assert whole.exit_code == 1 and f"{bench}:3: not valid JSON" in whole.output  # the row is read without --limit
+
+
+def test_a_system_prompt_and_template_arguments_for_a_plain_model_folder(qwen3_model_dir, bench, tmp_path,
+                                                                        monkeypatch):
+    """Issue 40: ``ggpo eval`` had no way to pass a system prompt or the chat template's arguments."""
+    from ggpo_lightning.evaluation import accuracy
+
+    encoded = []
+
+    def encode(tokenizer, text, chat_template=False, messages=None):  # the prompt as text (the tiny vocabulary
+        chat = chat_settings(chat_template)  # has no letters)
+        encoded.append(tokenizer.apply_chat_template(chat_messages(text, chat, messages), add_generation_prompt=True,
+                                                     tokenize=False, **chat.kwargs))
+        return encode_prompt(tokenizer, text, chat_template, messages)
+
+    monkeypatch.setattr(accuracy, "encode_prompt", encode)
+    result = invoke(qwen3_model_dir, bench, "--system-prompt", "Answer with a number.", "--chat-template-kwargs",
+                    '{"enable_thinking": false}', "--verifier", "numeric", "--max-new-tokens", "2",
+                    "--json", tmp_path / "eval.json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "eval.json").read_text())["settings"]["chat_template"] == {
+        "system": "Answer with a number.", "kwargs": {"enable_thinking": False}}
+    assert len(encoded) == 4 and all(e.startswith("<|im_start|>system\nAnswer with a number.<|im_end|>\n")
+                                     and e.endswith("<think>\n\n</think>\n\n") for e in encoded)
+    typo = invoke(qwen3_model_dir, bench, "--chat-template-kwargs", '{"enable_thinkin": false}', "--verifier",
+                  "numeric")
+    assert typo.exit_code == 2 and ("--chat-template-kwargs enable_thinkin is not a variable of the chat template "
+                                    f"of {qwen3_model_dir}, which would ignore it; did you mean enable_thinking?"
+                                    ) in typo.output
+    both = invoke(qwen3_model_dir, bench, "--system-prompt", "x", "--no-chat-template")
+    assert both.exit_code == 2 and "leave out --no-chat-template" in both.output

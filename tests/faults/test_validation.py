@@ -17,7 +17,7 @@ from faultkit import run_dir, train_args
 from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import CheckpointError
 from ggpo_lightning.models.export import write_folder
-from ggpo_lightning.records.run_lock import RunDirectoryInUse, lock_run_directory
+from ggpo_lightning.records.run_lock import RunDirectoryInUse, lock_run_directory, release_run_directory
 from ggpo_lightning.testing import make_group
 from ggpo_lightning.cli.train import run_training
 
@@ -123,7 +123,7 @@ def test_a_second_run_into_the_same_version_directory_fails_at_once_naming_the_h
         with pytest.raises(RunDirectoryInUse, match=rf"in use by another ggpo-train \(pid {os.getpid()},"):
             run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--trainer.logger.init_args.version", "0"))
     finally:
-        holder.close()
+        release_run_directory(holder)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -145,6 +145,7 @@ def test_resume_with_other_data_or_settings_names_the_differences(tmp_path, tiny
                                          r".*training data rows: checkpoint 24, now 12.*--resume_mismatch_ok true"):
         run_training(train_args(tmp_path / "a", tiny_model_dir, fault_data, *resume, "--model.rollout.k", "2",
                                 "--data.train_path", str(shorter)))
+    assert list((tmp_path / "a" / "quickstart").iterdir()) == []  # the refused resume left no version_0/ or lock
     with pytest.warns(UserWarning, match="covers 24 prompts, the training data has 12"):
         cli = run_training(train_args(tmp_path / "b", tiny_model_dir, fault_data, *resume, "--data.train_path",
                                       str(shorter), "--resume_mismatch_ok", "true"))

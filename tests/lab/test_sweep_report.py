@@ -189,3 +189,43 @@ def test_hand_made_runs_of_the_paper_preset_are_reported_beside_the_shipped_ggpo
     table = markdown_table(runs, None)
     assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |") \
         < table.index("| grpo-icepop |")
+    assert table.index("| ggpo |") < table.index("| ggpo-paper |") < table.index("| grpo |")
+
+
+def test_report_without_matplotlib_writes_the_tables_and_says_the_plots_were_skipped(tmp_path, monkeypatch):
+    """Issue 40: ``ggpo report --out`` wrote nothing when plots could not be made."""
+    import sys
+
+    for seed in (0, 1):
+        run = tmp_path / "runs" / f"ggpo-sync1-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "grid_run.json").write_text(json.dumps({"objective": "ggpo", "setting": "sync1", "seed": seed}))
+        (run / "metrics.csv").write_text("step,train/reward,val/accuracy\n0,0.5,\n1,0.75,0.5\n")
+        (run / "summary.json").write_text(json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5 + seed / 4,
+                                                      "optimizer_steps": 2, "generated_samples": 32}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "report").iterdir()] == ["report.md"]
+    written = (tmp_path / "report" / "report.md").read_text()
+    assert "| ggpo | 62.5 ± 17.7 (n=2) |" in written and "![" not in written
+    assert "plots skipped: matplotlib is not installed (pip install 'ggpo-lightning[plot]')" in result.stderr
+
+
+def test_a_dry_run_prints_commands_a_shell_runs_as_the_sweep_would(tmp_path, tiny_model_dir):
+    """Issue 40: the dry run printed the empty ``version`` argument as nothing, which a shell cannot take back."""
+    import shlex
+
+    from ggpo_lightning.lab.sweep import _argv
+
+    axes = {"objective": {"ggpo": {"model.objective.name": "ggpo", "data.prompt_template": "Q: {prompt}"},
+                          "grpo": {"model.objective.name": "grpo"}},
+            "setting": {"sync2": {"model.rollout.sync_every": 2}}}
+    grid_file = write_grid(tmp_path, tiny_model_dir, axes=axes)
+    grid = load_grid(grid_file)
+    planned = CliRunner().invoke(main, ["sweep", str(grid_file), "--dry-run"])
+    commands = [line.split(": ", 1)[1] for line in planned.output.splitlines() if line.startswith("[")]
+    assert len(commands) == len(grid.runs) == 2
+    for command, run in zip(commands, grid.runs):
+        assert shlex.split(command) == ["ggpo-train", *_argv(grid, run)[3:]]  # "" and spaces survive the shell
+    assert "--trainer.logger.init_args.version ''" in commands[0] and "'Q: {prompt}'" in commands[0]

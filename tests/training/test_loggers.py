@@ -1,5 +1,5 @@
-"""Loggers (issue 25, finding 4): TensorBoard and W&B through their extras (the real packages, W&B offline), the
-run-directory lock with a logger that has a version but no folder, and sample completions."""
+"""Loggers (issue 25, finding 4): TensorBoard and W&B through their extras (the real packages, W&B offline), a run
+folder of its own for every run with every logger (issue 40), and sample completions."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import json
 from pathlib import Path
 
 
-from ggpo_lightning.cli.train import lock_logger_directory, run_training
+import pytest
+
+from ggpo_lightning.cli.train import run_training
+from ggpo_lightning.records.errors import FolderInUseError
 from ggpo_lightning.training.samples import SAMPLES_FILE
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 LOGGERS = QUICKSTART.parent / "loggers"
 
 
-def train(tmp_path: Path, model_dir: Path, *extra: str):
+def train(tmp_path: Path, model_dir: Path, *extra: str, export: bool = False):
     return run_training([
         "--config", str(QUICKSTART), *extra,
         "--model.model_name_or_path", str(model_dir), "--tiny_model", "null",
@@ -22,7 +25,7 @@ def train(tmp_path: Path, model_dir: Path, *extra: str):
         "--data.train_path", str(tmp_path / "data" / "train.jsonl"), "--data.val_path", "null",
         "--synthetic_data.n_train", "16", "--synthetic_data.n_test", "4", "--data.prompts_per_step", "2",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_steps", "2",
-        "--samples.every_n_steps", "1", "--samples.groups", "1", "--summary.export", "false",
+        "--samples.every_n_steps", "1", "--samples.groups", "1", "--summary.export", str(export).lower(),
     ])
 
 
@@ -30,14 +33,51 @@ def samples(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / SAMPLES_FILE).read_text().splitlines()]
 
 
-def test_a_logger_with_a_version_but_no_folder_is_not_locked(tmp_path, monkeypatch):
-    """W&B's logger takes a ``version`` and has ``log_dir = None``: ``Path(None)`` was a TypeError."""
+@pytest.mark.parametrize("overlay", ["csv", "tensorboard", "wandb"])
+def test_a_second_run_gets_a_folder_of_its_own_and_leaves_the_first_untouched(tmp_path, tiny_model_dir, monkeypatch,
+                                                                              overlay):
+    """Issue 40: with W&B the run folder was ``save_dir`` itself, and a second run overwrote the first one's
+    ``summary.json``, ``final_model/`` and ``config.yaml``. Every logger now writes each run into its own
+    ``save_dir/quickstart/version_N/`` (checkpoints included)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    from jsonargparse import dict_to_namespace
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    extra = () if overlay == "csv" else ("--config", str(LOGGERS / f"{overlay}.yaml"))
 
-    config = dict_to_namespace({"logger": {"class_path": "lightning.pytorch.loggers.WandbLogger",
-                                           "init_args": {"save_dir": str(tmp_path), "version": None, "project": "p"}}})
-    assert lock_logger_directory(config) is None
+    def run() -> Path:
+        run_dir = Path(train(tmp_path, tiny_model_dir, *extra, export=True).trainer.log_dir)
+        if overlay == "wandb":
+            import wandb
+
+            wandb.finish()  # in one process the next WandbLogger would otherwise reuse this W&B run
+            wandb.teardown()  # and W&B's service still writes the run's files after finish() returns
+        return run_dir
+
+    first = run()
+    written = files(first)
+    second = run()
+    assert (first, second) == (tmp_path / "runs" / "quickstart" / "version_0",
+                                tmp_path / "runs" / "quickstart" / "version_1")
+    assert files(first) == written  # nothing of the first touched
+    for run_dir in (first, second):
+        assert (run_dir / "summary.json").is_file() and (run_dir / "config.yaml").is_file()
+        assert (run_dir / "final_model" / "config.json").is_file()
+        assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert json.loads((first / "summary.json").read_text())["final_model"] == str(first / "final_model")
+    if overlay == "wandb":  # W&B keeps its own files in the run folder
+        assert len(list((first / "wandb").glob("offline-run-*"))) == len(list((second / "wandb").glob("offline-run-*"))) == 1
+
+
+def files(folder: Path) -> dict[Path, bytes]:
+    """The files under ``folder`` and their bytes (links left out: W&B links a debug log it shares between the
+    runs of a process into each run's folder)."""
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_a_version_named_in_the_recipe_that_holds_an_earlier_run_is_refused(tmp_path, tiny_model_dir):
+    train(tmp_path, tiny_model_dir, "--trainer.logger.init_args.version", "0")
+    with pytest.raises(FolderInUseError, match=r"version_0 holds an earlier run \(config.yaml, metrics.csv, "
+                                               r"summary.json, checkpoints\); leave out trainer.logger.init_args.version"):
+        train(tmp_path, tiny_model_dir, "--trainer.logger.init_args.version", "0")
 
 
 def test_tensorboard_logs_scalars_and_sample_completions(tmp_path, tiny_model_dir):
@@ -65,7 +105,7 @@ def test_wandb_offline_logs_the_run_and_the_samples_table(tmp_path, tiny_model_d
     import wandb
 
     wandb.finish()
-    offline = list((tmp_path / "runs" / "wandb").glob("offline-run-*"))
+    offline = list((Path(cli.trainer.log_dir) / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
     tables = [json.loads(p.read_text()) for p in sorted((offline[0] / "files" / "media" / "table").glob("samples_*"))]
     rows = samples(Path(cli.trainer.log_dir))
