@@ -257,7 +257,7 @@ class PromptGroupDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The buffers and whether the offline fill ran. The prompt stream's position is saved with the rollout
-        source's backlog (:meth:`prompt_state`): a producer thread advances it."""
+        source's backlog (:meth:`prompt_state`): the source may take prompts while the learner trains."""
         # Called on every rank; Lightning saves rank 0's: each rank's buffer is gathered into it.
         return {"buffers": all_gather_objects(self.buffer.state_dict()), "filled": self._filled}
 

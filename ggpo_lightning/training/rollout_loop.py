@@ -103,7 +103,7 @@ class RolloutLoop(EveryNUpdates):
     def checkpoint_state(self, step: int) -> RolloutState:
         """The engine (weights as of the last publish, None when they are the learner's at ``step``), the backlog and
         the prompt stream's position, the last two read together."""
-        with self.source.prompts_frozen():  # a producer thread advances the prompt stream as it queues batches
+        with self.source.prompts_frozen():  # the source may take prompts while the learner trains
             backlog = self.source.state_dict()
             prompts = None if self.datamodule is None else self.datamodule.prompt_state()
         version, weights = self.source.engine_checkpoint(step)
