@@ -37,6 +37,9 @@ RENAMED_KEYS = {
     "data.max_staleness": "data.buffer_max_staleness (the buffer's drop limit; model.rollout.max_staleness is the "
                           "async producer's bound)",
     "data.synthetic": "synthetic_data (top level, beside tiny_model: the quickstart's builders)",
+    "model.rollout.vllm_placement": "model.rollout.engine: vllm_server with model.rollout.servers: local (vLLM in a "
+                                    "process of its own is now vLLM's own server)",
+    "model.rollout.vllm_devices": "model.rollout.server_devices (the GPUs of model.rollout.servers: local:N)",
 }
 """Old key -> new key, as the error says it. ``model.objective: NAME`` became ``model.objective.name: NAME``."""
 

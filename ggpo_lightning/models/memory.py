@@ -176,7 +176,7 @@ def estimate_memory(shape: ModelShape, *, precision: Any = "32-true", world_size
         optimizer_states: tensors of optimizer state per trainable parameter (AdamW 2, SGD with momentum 1).
         micro_batch_tokens: padded tokens of the largest micro-batch (the whole step's without micro-batching).
         attention_row: row length when attention keeps its probabilities (CPU math attention); 0 on GPU.
-        engine: the engine's name, as printed; ``vllm-separate`` (on a device of its own) takes nothing here.
+        engine: the engine's name, as printed; ``vllm_server`` (servers of their own) takes nothing here.
         engine_bytes: bytes per parameter of the engine's copy of the weights (None: the learner's).
         engine_shares_learner: the HF engine samples with the learner itself (no copy).
         engine_tokens: tokens of one ``generate`` batch (sequences x (prompt + new tokens)): its KV cache.
@@ -194,7 +194,7 @@ def estimate_memory(shape: ModelShape, *, precision: Any = "32-true", world_size
         else shape.layers * per_layer  # checkpointed: each layer's input, and one layer recomputed at a time
     head = 3 * min(logprob_chunk_size, micro_batch_tokens) * shape.vocab * 4
     copy_bytes = param_bytes if engine_bytes is None else engine_bytes
-    if engine == "vllm-separate":
+    if engine == "vllm_server":  # on servers of their own
         resident, generating = 0, 0
     elif vllm_memory is not None:
         resident, generating = 0, vllm_memory

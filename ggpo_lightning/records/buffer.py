@@ -141,6 +141,10 @@ class RolloutGroup:
     """Per-token log-probs under the behavior policy, when the engine reports them."""
     truncated: list[bool] | None = None
     """Per response: it reached ``max_new_tokens`` without EOS (None: not recorded, e.g. an older buffer file)."""
+    response_versions: list[list[int]] | None = None
+    """Per response: ``[first, last]``, the versions of the weights that sampled its first and its last token, when
+    the engine reports them (a vLLM server updated while it generates: ``first < last``). ``behavior_version`` is then
+    the oldest first version of the group. None: the whole group came from ``behavior_version``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_id, str):
@@ -172,6 +176,18 @@ class RolloutGroup:
             if not all(isinstance(f, bool) for f in flags):
                 raise _invalid(where, "truncated", f"must be K booleans, got {flags!r}")
             self.truncated = list(flags)
+        if self.response_versions is not None:
+            self.response_versions = self._checked_versions(where)
+
+    def _checked_versions(self, where: str) -> list[list[int]]:
+        spans = _as_list(self.response_versions, "response_versions", where)
+        _check_length(spans, "response_versions", self.k, where)
+        checked = [_as_list(span, f"response_versions[{i}]", where) for i, span in enumerate(spans)]
+        for i, span in enumerate(checked):
+            if len(span) != 2 or not all(_is_int(v) and v >= self.behavior_version for v in span) or span[0] > span[1]:
+                raise _invalid(where, f"response_versions[{i}]", "must be [first, last]: ints with behavior_version "
+                               f"<= first <= last, got {span!r}")
+        return [[int(first), int(last)] for first, last in checked]
 
     def _checked_logprobs(self, where: str) -> list[list[float]]:
         outer = _as_list(self.behavior_logprobs, "behavior_logprobs", where)
@@ -207,11 +223,12 @@ class RolloutGroup:
             "behavior_logprobs": (None if self.behavior_logprobs is None
                                   else [list(lp) for lp in self.behavior_logprobs]),
             "truncated": None if self.truncated is None else list(self.truncated),
+            "response_versions": None if self.response_versions is None else [list(v) for v in self.response_versions],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RolloutGroup:
-        """Inverse of :meth:`to_dict`; ``behavior_logprobs`` and ``truncated`` may be absent.
+        """Inverse of :meth:`to_dict`; ``behavior_logprobs``, ``truncated`` and ``response_versions`` may be absent.
 
         Raises ValueError for a non-mapping, a missing or unknown key, or any field that
         fails validation.
@@ -222,7 +239,7 @@ class RolloutGroup:
         missing = [name for name in _REQUIRED_FIELDS if name not in data]
         if missing:
             raise DataError(f"{where}: missing field(s) {', '.join(missing)}; required fields are "
-                            f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs and truncated are optional)")
+                            f"{', '.join(_REQUIRED_FIELDS)} (behavior_logprobs, truncated and response_versions are optional)")
         unknown = sorted(map(str, set(data) - set(_FIELDS)))
         if unknown:
             raise DataError(f"{where}: unknown field(s) {', '.join(unknown)}; "
@@ -231,7 +248,7 @@ class RolloutGroup:
 
 
 _FIELDS = tuple(f.name for f in fields(RolloutGroup))
-_REQUIRED_FIELDS = tuple(name for name in _FIELDS if name not in ("behavior_logprobs", "truncated"))
+_REQUIRED_FIELDS = tuple(name for name in _FIELDS if name not in ("behavior_logprobs", "truncated", "response_versions"))
 
 
 # ----------------------------------------------------------------------------- BehaviorBuffer

@@ -65,22 +65,36 @@ class RolloutConfig:
     dtype: str | None = None
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
     engine: str = "hf"
-    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine, in the trainer process or
-    its own (``vllm_placement``; :mod:`~ggpo_lightning.rollouts.vllm_engine`; needs ``pip install 'ggpo-lightning[vllm]'``)."""
+    """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine in the trainer process
+    (:mod:`~ggpo_lightning.rollouts.vllm_engine`); ``vllm_server``: vLLM servers, on this machine or others
+    (``servers``; :mod:`~ggpo_lightning.rollouts.vllm_server`). Both vLLM engines need ``pip install
+    'ggpo-lightning[vllm]'``."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
-    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``);
+    """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``),
+    or, with ``servers: local``, more ``vllm serve`` flags (``{"max_model_len": 512}`` -> ``--max-model-len 512``);
     the HF engine leaves them unused (so ``--model.rollout.engine hf`` alone runs a vLLM recipe with the HF engine)."""
-    vllm_placement: str = "colocated"
-    """``engine: vllm``: where vLLM runs. ``colocated``: in the trainer process; ``separate``: in a child process of
-    its own (:class:`~ggpo_lightning.rollouts.vllm_separate.SeparateVLLMEngine`), on ``vllm_devices``;
-    ``schedule: async`` needs it."""
-    vllm_devices: list[int] | None = None
-    """``vllm_placement: separate``: the GPU (index as the trainer sees it) the engine runs on, alone; None = the
-    trainer's devices (vLLM takes the first). One GPU for now; leave unset on CPU."""
+    servers: list[str] | str | None = None
+    """``engine: vllm_server``: the servers' URLs (``[http://host:8000, ...]``, started with ``ggpo serve``), or
+    ``local`` / ``local:N``: ``ggpo-train`` starts N servers on this machine (default 1) and stops them at the end."""
+    server_devices: list[int] | None = None
+    """``servers: local:N`` on GPUs: the GPUs (as the trainer numbers them) the local servers run on, split evenly
+    among them and kept apart from the trainer's; None on CPU."""
+    server_logprobs: bool = True
+    """``engine: vllm_server``: ask the servers for the sampled tokens' log-probs (the drift diagnostics and GRPO's
+    ratios use them); false for servers that give none: the drift columns are then absent, and GGPO trains the same."""
+    in_flight_updates: str | None = None
+    """``engine: vllm_server``: what a weight push does to requests in flight. ``keep``: they pause and go on with
+    the new weights (a response can straddle two versions; both are recorded); ``drain``: they finish with the old
+    weights first. None: ``keep``, or ``drain`` for objectives that use behavior log-probs (GRPO)."""
+    request_timeout: float = 600.0
+    """``engine: vllm_server``: seconds one request (or one step of a weight push) may take before its server is
+    taken out and the request sent to another."""
+    server_timeout: float = 300.0
+    """``engine: vllm_server``: seconds without any usable server before the run aborts (``aborted.ckpt``)."""
     schedule: str = "sync"
     """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
     with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.rollouts.producer`; one
-    process, online data; the HF engine or the separate vLLM engine). Was ``mode``."""
+    process, online data; the HF engine or vLLM servers). Was ``mode``."""
     async_worker: str = "process"
     """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
     shared memory (:class:`~ggpo_lightning.rollouts.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
@@ -108,26 +122,45 @@ class RolloutConfig:
             errors.append(f"model.rollout.truncation must be one of {list(TRUNCATIONS)}, got {self.truncation!r}")
         if self.engine not in ENGINES:
             errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
-        if self.engine == "vllm":  # whether vLLM is installed: the run's preflight (a recipe prints without it)
-            errors += self._placement_errors()
-        else:  # vllm_args alone is left for the engine it is for: a vLLM recipe falls back with engine: hf alone
-            errors += [f"model.rollout.{key} is for model.rollout.engine: vllm; the engine is {self.engine!r}"
-                       for key, is_set in (("vllm_placement", self.vllm_placement != "colocated"),
-                                           ("vllm_devices", self.vllm_devices is not None)) if is_set]
+        errors += self._server_errors()
         return errors + self._async_errors()
 
-    def _placement_errors(self) -> list[str]:
-        if self.vllm_placement not in VLLM_PLACEMENTS:
-            return [f"model.rollout.vllm_placement must be one of {list(VLLM_PLACEMENTS)}, got {self.vllm_placement!r}"]
-        if self.vllm_devices is None:
-            return []
-        if self.vllm_placement != "separate":
-            return ["model.rollout.vllm_devices places the separate vLLM engine; set model.rollout.vllm_placement: "
-                    "separate, or remove vllm_devices"]
-        if len(self.vllm_devices) != 1 or self.vllm_devices[0] < 0:
-            # the sync loads into vLLM's in-process worker; several GPUs (tensor parallelism) run workers elsewhere
-            return [f"model.rollout.vllm_devices takes one GPU index (>= 0) for now, got {self.vllm_devices}"]
-        return []
+    def _server_errors(self) -> list[str]:
+        if self.engine != "vllm_server":
+            return [f"model.rollout.{key} is for model.rollout.engine: vllm_server; the engine is {self.engine!r}"
+                    for key, is_set in (("servers", self.servers is not None),
+                                        ("server_devices", self.server_devices is not None),
+                                        ("in_flight_updates", self.in_flight_updates is not None)) if is_set]
+        errors = []
+        if self.servers is None or self.servers == []:
+            errors.append("model.rollout.engine: vllm_server needs model.rollout.servers: a list of URLs "
+                          "(http://host:port, started with `ggpo serve`), or local / local:N")
+        elif isinstance(self.servers, str) and self.local_servers is None:
+            errors.append(f"model.rollout.servers must be a list of URLs, local or local:N (N >= 1), got "
+                          f"{self.servers!r}")
+        elif isinstance(self.servers, list):
+            errors += [f"model.rollout.servers[{i}] must be a URL http(s)://host:port, got {url!r}"
+                       for i, url in enumerate(self.servers) if not str(url).startswith(("http://", "https://"))]
+        if self.server_devices is not None and self.local_servers is None:
+            errors.append("model.rollout.server_devices places local servers; set model.rollout.servers: local:N")
+        if self.in_flight_updates not in (None, *IN_FLIGHT_UPDATES):
+            errors.append(f"model.rollout.in_flight_updates must be one of {list(IN_FLIGHT_UPDATES)} or null, got "
+                          f"{self.in_flight_updates!r}")
+        if not (self.request_timeout > 0 and self.server_timeout > 0):
+            errors.append("model.rollout.request_timeout and model.rollout.server_timeout must be > 0 (seconds)")
+        return errors
+
+    @property
+    def local_servers(self) -> int | None:
+        """N of ``servers: local`` / ``local:N`` (None: URLs, or not a server engine)."""
+        if not isinstance(self.servers, str) or not self.servers.startswith("local"):
+            return None
+        count = self.servers.removeprefix("local").removeprefix(":") or "1"
+        return int(count) if count.isdigit() and int(count) >= 1 and self.servers != "local:" else None
+
+    def in_flight_mode(self, uses_behavior_logp: bool) -> str:
+        """``in_flight_updates`` as set, else ``drain`` for an objective that uses behavior log-probs, else ``keep``."""
+        return self.in_flight_updates or ("drain" if uses_behavior_logp else "keep")
 
     def _async_errors(self) -> list[str]:
         if self.schedule not in SCHEDULES:
@@ -139,10 +172,10 @@ class RolloutConfig:
         errors = []
         if self.async_worker not in ASYNC_WORKERS:
             errors.append(f"model.rollout.async_worker must be one of {list(ASYNC_WORKERS)}, got {self.async_worker!r}")
-        if self.engine == "vllm" and self.vllm_placement != "separate":
-            errors.append("model.rollout.schedule: async with model.rollout.engine: vllm needs "
-                          "model.rollout.vllm_placement: separate (a vLLM engine in the trainer process would share "
-                          "one GIL with the learner); set it, or schedule: sync")
+        if self.engine == "vllm":
+            errors.append("model.rollout.schedule: async with model.rollout.engine: vllm would run vLLM in the "
+                          "trainer process, under one GIL with the learner; use model.rollout.engine: vllm_server "
+                          "(with model.rollout.servers: local, or URLs), or schedule: sync")
         if self.max_staleness is not None and self.max_staleness < max(0, self.sync_every - 1):
             errors.append(f"model.rollout.max_staleness must be >= 0 and >= model.rollout.sync_every - 1 "
                           f"({self.sync_every - 1}: a batch can need weights that the next sync brings), got "
@@ -169,10 +202,10 @@ class RolloutConfig:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "vllm_server")
 SCHEDULES = ("sync", "async")
 TRUNCATIONS = ("verified", "zero", "mask")
 ASYNC_WORKERS = ("process", "thread")
-VLLM_PLACEMENTS = ("colocated", "separate")
+IN_FLIGHT_UPDATES = ("keep", "drain")
 
 

@@ -37,6 +37,9 @@ class Generation:
     token_logprobs: list[list[float]] | None
     """Per-token log-probs under the engine's model at temperature 1 (before temperature and
     top-p), when the engine records them: what ratio-based objectives (GRPO) compare against."""
+    versions: list[list[int]] | None = None
+    """Per response ``[first, last]``: the weight versions that sampled its first and its last token, when the engine
+    tags them (vLLM servers); None: every response came from the engine's ``version`` at the call."""
 
 
 Weights = Union[nn.Module, Mapping[str, Tensor], Iterable[tuple[str, Tensor]]]

@@ -57,6 +57,7 @@ class GroupRollout:
     def __call__(self, rows: Sequence[PromptRow]) -> list[RolloutGroup]:
         start = time.perf_counter()
         k = self.config.k
+        version = self.engine.version  # of the weights at the call: an engine without tags keeps them throughout
         with cached_weight_casts(self.engine):
             generations = self.engine.generate([self.encode(r.prompt, r.messages) for r in rows], k, self.config.sampling)
         responses = [text for g in generations for text in g.responses]
@@ -71,7 +72,8 @@ class GroupRollout:
             groups.append(RolloutGroup(
                 prompt_id=row.id, prompt=row.prompt, gold=row.gold, prompt_ids=g.prompt_ids,
                 response_ids=g.response_ids, responses=g.responses, rewards=scored,
-                behavior_version=self.engine.version, behavior_logprobs=g.token_logprobs, truncated=truncated))
+                behavior_version=version if g.versions is None else min(first for first, _ in g.versions),
+                behavior_logprobs=g.token_logprobs, truncated=truncated, response_versions=g.versions))
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(ids) for g in generations for ids in g.response_ids)
         self.prompt_tokens += k * sum(len(g.prompt_ids) for g in generations)
@@ -80,8 +82,9 @@ class GroupRollout:
 
     def take_counts(self) -> RolloutCounts:
         """What was counted since the last call (then reset), the verifier's outcome counts included."""
+        take_metrics = getattr(self.engine, "take_metrics", None)
         counts = RolloutCounts(self.seconds, self.tokens, self.verify_seconds, self.verifier.reset_stats(),
-                               self.prompt_tokens)
+                               self.prompt_tokens, take_metrics() if take_metrics is not None else {})
         self.seconds, self.tokens, self.verify_seconds, self.prompt_tokens = 0.0, 0, 0.0, 0
         return counts
 
@@ -100,6 +103,9 @@ class RolloutCounts:
     """The verifier's outcome counts (correct, wrong, timeout, crashed, ...)."""
     prompt_tokens: int = 0
     """Prompt tokens the responses were conditioned on (each prompt counted once per response)."""
+    engine: dict[str, float] = field(default_factory=dict)
+    """What the engine counted itself (vLLM servers: ``servers_alive``, ``server_retries``, ``server_resyncs``,
+    ``weight_push_seconds``); empty for engines that count nothing."""
 
 
 @dataclass

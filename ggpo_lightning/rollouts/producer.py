@@ -1,7 +1,7 @@
 """Asynchronous rollouts: a producer thread generates the next steps' groups while the learner trains.
 
-``model.rollout.schedule: async`` (one process; the HF engine, or vLLM in its own process:
-:mod:`~ggpo_lightning.rollouts.vllm_separate`). :class:`RolloutProducer` runs the
+``model.rollout.schedule: async`` (one process; the HF engine, or vLLM servers:
+:mod:`~ggpo_lightning.rollouts.vllm_server`). :class:`RolloutProducer` runs the
 rollout (engine + verifier) in a background thread on the engine's *current* weights and
 queues whole steps' batches; the learner takes one per step (:meth:`RolloutProducer.take`).
 With ``model.rollout.async_worker: process`` (the default) the engine's ``generate`` runs
@@ -70,6 +70,7 @@ from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.engine import RolloutEngine, autocast_device
 from ggpo_lightning.rollouts.group import RolloutCounts
+from ggpo_lightning.rollouts.health import RunAborted
 
 __all__ = ["ProducedBatch", "RolloutProducer"]
 
@@ -165,6 +166,8 @@ class RolloutProducer:
             self._next_take_step = step  # a step that did not advance (a skipped NaN step) is seen here
             self.lock.notify_all()
             while not self._queue:
+                if isinstance(self._error, RunAborted):  # a deliberate stop (servers gone): its own one line
+                    raise self._error
                 if self._error is not None:
                     raise RuntimeError(f"the rollout producer failed: {self._error!r}") from self._error
                 if not self.running:
@@ -184,6 +187,12 @@ class RolloutProducer:
         producer loads them before its next batch. Returns at once."""
         with self.lock:
             self._pending = (weights, version)
+            self.lock.notify_all()
+
+    def weights_changed(self) -> None:
+        """The engine's version moved outside the producer (an engine that loads while it generates): re-check the
+        staleness gate."""
+        with self.lock:
             self.lock.notify_all()
 
     @contextlib.contextmanager

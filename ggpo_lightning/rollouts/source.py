@@ -23,6 +23,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -56,12 +57,13 @@ class RolloutBatch:
 
     def metrics(self) -> dict[str, float]:
         """``rollout_seconds`` (of which ``rollout_verify_seconds`` waiting for the verifier), ``rollout_tokens_per_s``
-        (response tokens), ``rollout_prompt_tokens`` and the verifier's ``verifier/*`` counts; with the async
+        (response tokens), ``rollout_prompt_tokens``, the verifier's ``verifier/*`` counts and the engine's own
+        (:attr:`RolloutCounts.engine`); with the async
         schedule also ``rollout_wait_seconds``, ``over_staleness`` and ``async_queue``."""
         counts = self.counts
         metrics = {"rollout_seconds": counts.seconds, "rollout_verify_seconds": counts.verify_seconds,
                    "rollout_tokens_per_s": counts.tokens / max(counts.seconds, 1e-9),
-                   "rollout_prompt_tokens": float(counts.prompt_tokens),
+                   "rollout_prompt_tokens": float(counts.prompt_tokens), **counts.engine,
                    **{k: float(v) for k, v in counts.verifier.as_dict(prefix="verifier/").items()}}
         if self.wait_seconds is not None:
             metrics.update(rollout_wait_seconds=self.wait_seconds, over_staleness=float(self.over_staleness or 0),
@@ -83,6 +85,13 @@ class RolloutSource(abc.ABC):
     def __init__(self, rollout: GroupRollout, weights: Callable[[], Weights]) -> None:
         self.rollout, self.weights = rollout, weights
         self.prompts: Prompts | None = None
+
+    def start(self, run_dir: Path) -> None:
+        """Start what the engine runs beside the trainer (local vLLM servers, their logs under ``run_dir``); a no-op
+        for engines that start nothing."""
+        start = getattr(self.engine, "start", None)
+        if start is not None:
+            start(run_dir)
 
     def connect(self, prompts: Prompts) -> None:
         """The next step's prompts (called by :meth:`next_batch`, or by a producer thread under
@@ -186,10 +195,12 @@ class AsyncSource(RolloutSource):
                             len(self.producer.backlog()[0]))
 
     def publish(self, version: int) -> None:
-        """Before the producer starts, loaded in place; after, a copy of the weights (one more model in memory until
-        the producer loads it) handed over for its next batch boundary."""
-        if not self.producer.started:
+        """Before the producer starts, or into an engine that takes weights while it generates (vLLM servers: the
+        push pauses them), loaded now; else a copy of the weights (one more model in memory until the producer loads
+        it) handed over for its next batch boundary."""
+        if not self.producer.started or getattr(self.engine, "loads_while_generating", False):
             self.engine.load_weights(self.weights(), version=version)
+            self.producer.weights_changed()
             return
         copy = {name: tensor.detach().clone() for name, tensor in weight_pairs(self.weights())}
         self.producer.publish(copy, version=version)

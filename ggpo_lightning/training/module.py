@@ -158,7 +158,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         # before the LoRA wrap: the engine holds (or streams into) the plain model. Behavior log-probs are recorded
         # with every group: GRPO's ratios and every objective's drift diagnostics
         engine = make_engine(model, self.tokenizer, self.rollout_config, model_name_or_path, lora=lora is not None,
-                             record_logprobs=True)
+                             record_logprobs=True, uses_behavior_logp=self.objective.uses_behavior_logp)
         self.policy = Policy(model, lora)
         self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.staleness_limit)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys

@@ -8,8 +8,9 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   the prompt files (exist, UTF-8, JSON objects, non-empty prompts; errors name
   ``file:line``) and the behavior buffer file;
 - the optimizer's learning rate;
-- ``model.rollout.schedule: async`` against the data mode and the number of processes, and the separate vLLM
-  engine against the number of processes;
+- ``model.rollout.schedule: async`` against the data mode and the number of processes;
+- with ``model.rollout.servers`` given as URLs, that each server answers with the RL routes, the flags the trainer
+  needs and this model's vocabulary;
 - every prompt's token length against the model's context minus ``max_new_tokens``
   (the tokenizer and ``config.json`` load, the weights do not);
 - the token ids of a behavior buffer against the model's vocabulary;
@@ -17,7 +18,7 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   (:func:`~ggpo_lightning.records.integrity.check_checkpoint`);
 - the memory the run will take per device (:mod:`~ggpo_lightning.models.memory`: printed, and refused when it
   exceeds the GPU's memory, or on CPU the host's available memory, unless ``--memory_check false``);
-- with ``model.rollout.engine: vllm``, that vLLM is installed, and the optional packages the recipe needs
+- with ``model.rollout.engine: vllm`` or ``vllm_server``, that vLLM is installed, and the optional packages the recipe needs
   (``peft`` for LoRA, ``wandb`` / ``tensorboard`` for their loggers, ``pyarrow`` for Parquet, ``datasets``);
 - with ``model.chat_template``, that the tokenizer has a chat template that reads every ``kwargs`` name.
 
@@ -44,7 +45,6 @@ from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.rollouts.config import (VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig,
                                            vllm_available)
-from ggpo_lightning.rollouts.engines import placement_run_errors
 from ggpo_lightning.records.extras import installed, require
 from ggpo_lightning.rollouts.group import ChatTemplate, chat_template_errors, encode_prompt
 from ggpo_lightning.rollouts.source import async_run_errors
@@ -73,10 +73,11 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
         check_prompt_lengths(datamodule.train_rows + datamodule.val_rows, tokenizer,
                              _context_length(model_config, tokenizer), _max_new_tokens(model),
                              model.get("chat_template"))
-        if datamodule.buffer_path is not None:
-            check_buffer_tokens(datamodule.buffer_path, model_config.vocab_size)
         prompt_tokens = _longest_prompt_tokens(datamodule.train_rows + datamodule.val_rows, tokenizer,
                                                model.get("chat_template"))
+        _check_servers(model.get("rollout") or {}, tokenizer, prompt_tokens + _max_new_tokens(model))
+        if datamodule.buffer_path is not None:
+            check_buffer_tokens(datamodule.buffer_path, model_config.vocab_size)
         check_memory(run_memory_estimate(config, model_config, prompt_tokens), config.get("memory_check", True))
     if ckpt_path is not None:  # a sharded one under several processes: each hashes its share at the load
         sharded_load = Path(ckpt_path).is_dir() and int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -91,11 +92,27 @@ def _check_optimizer(optimizer: Any) -> None:
 
 
 def _check_engine_installed(rollout: dict[str, Any]) -> None:
-    """``model.rollout.engine: vllm`` where vLLM is not installed: one line with the two ways out. (The recipe
-    itself is valid, and prints with ``--print_config``, on any machine.)"""
-    if rollout.get("engine") == "vllm" and not vllm_available():
-        raise SettingsError("model.rollout.engine: vllm needs vLLM, which is not installed here: "
+    """``model.rollout.engine: vllm`` or ``vllm_server`` where vLLM is not installed (the server engine pushes
+    weights with vLLM's trainer-side transfer engines): one line with the two ways out. (The recipe itself is
+    valid, and prints with ``--print_config``, on any machine.)"""
+    engine = rollout.get("engine")
+    if engine in ("vllm", "vllm_server") and not vllm_available():
+        raise SettingsError(f"model.rollout.engine: {engine} needs vLLM, which is not installed here: "
                             f"{VLLM_INSTALL_HINT}; or sample with the HF engine: --model.rollout.engine hf")
+
+
+def _check_servers(rollout: dict[str, Any], tokenizer: Any, context: int) -> None:
+    """``model.rollout.servers`` given as URLs: each answers, runs with the RL routes and the flags the trainer needs,
+    and serves this model's vocabulary with room for ``context`` tokens (:func:`~ggpo_lightning.rollouts.vllm_server.
+    server_errors`)."""
+    servers = rollout.get("servers")
+    if rollout.get("engine") != "vllm_server" or not isinstance(servers, list):
+        return
+    from ggpo_lightning.rollouts.vllm_server import server_errors
+
+    errors = [error for url in servers for error in server_errors(url, tokenizer, context)]
+    if errors:
+        raise SettingsError("model.rollout.servers: " + "; ".join(errors))
 
 
 def _check_packages(config: dict[str, Any]) -> None:
@@ -128,17 +145,14 @@ def _processes(trainer: dict[str, Any]) -> int:
 
 
 def _check_processes(config: dict[str, Any]) -> None:
-    """``model.rollout.schedule: async`` and the separate vLLM engine with what they do not run with (their own
-    settings: ``RolloutConfig.errors``): several processes, offline data."""
+    """``model.rollout.schedule: async`` with what it does not run with (its own settings: ``RolloutConfig.errors``):
+    several processes, offline data."""
     rollout = config["model"].get("rollout") or {}
     processes = _processes(config.get("trainer") or {})
-    placement = RolloutConfig(engine=rollout.get("engine") or "hf",
-                              vllm_placement=rollout.get("vllm_placement") or "colocated")
-    errors = placement_run_errors(placement, processes)
     if rollout.get("schedule") == "async":
-        errors += async_run_errors(config["data"].get("mode") or "online", processes)
-    if errors:
-        raise SettingsError(errors[0])
+        errors = async_run_errors(config["data"].get("mode") or "online", processes)
+        if errors:
+            raise SettingsError(errors[0])
 
 
 def _tokenizer_and_config(name_or_path: str):
@@ -196,7 +210,6 @@ def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens
     budget = build_config(MicroBatchConfig, model.get("micro_batch")).max_tokens
     on_gpu = _on_gpu(trainer.get("accelerator"))
     device_memory, device = _device_memory(on_gpu)
-    separate = rollout.engine == "vllm" and rollout.vllm_placement == "separate"
     share = rollout.vllm_args.get("gpu_memory_utilization", VLLM_GPU_MEMORY_SHARE)
     return estimate_memory(
         model_shape(model_config, lora.target_modules if lora else None, lora.r if lora else 0),
@@ -204,7 +217,7 @@ def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens
         lora=lora is not None, optimizer_states=states, gradient_checkpointing=model["gradient_checkpointing"],
         micro_batch_tokens=min(max(budget, row), step_tokens) if budget else step_tokens,
         logprob_chunk_size=model["logprob_chunk_size"], attention_row=0 if on_gpu else row,
-        engine="vllm-separate" if separate else rollout.engine,
+        engine=rollout.engine,
         engine_bytes=rollout.torch_dtype.itemsize if rollout.torch_dtype else None,
         # under ModelParallelStrategy (FSDP2) the engine takes its own copy before the learner is sharded, even on one
         # process (GGPOModule.configure_model): it never shares the learner there

@@ -42,7 +42,7 @@ from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.rollouts.engine import Weights
 from ggpo_lightning.rollouts.group import GroupRollout
 from ggpo_lightning.rollouts.source import RolloutSource, make_source
-from ggpo_lightning.training.callbacks import EveryNUpdates
+from ggpo_lightning.training.callbacks import EveryNUpdates, RunSummary
 from ggpo_lightning.training.data import PromptGroupDataModule
 
 __all__ = ["RolloutLoop"]
@@ -81,6 +81,7 @@ class RolloutLoop(EveryNUpdates):
         errors = self.source.run_errors(datamodule.mode, world()[1])
         if errors:
             raise SettingsError("; ".join(errors))
+        self.source.start(RunSummary.run_dir(trainer))
         self.source.connect(datamodule.step_prompts)
         datamodule.source = self.source
         self.datamodule = datamodule

@@ -26,14 +26,15 @@ from training_runs import fit, fit_resumable, make_data, make_module
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
-def test_the_backlog_and_the_prompt_position_are_saved_together_and_a_resume_trains_on_the_backlog_first(data_dir):
+def test_the_backlog_and_the_prompt_position_are_saved_together_and_a_resume_trains_on_the_backlog_first(data_dir,
+                                                                                                      tmp_path):
     def connected() -> tuple[RolloutLoop, PromptGroupDataModule]:
         dm = PromptGroupDataModule(str(data_dir / "train.jsonl"), prompts_per_step=2)
         dm.load_rows()
         dm.trainer = SimpleNamespace(global_step=0)
         loop = RolloutLoop(RolloutConfig(k=2, schedule="async", max_staleness=2), FakeRollout(FakeEngine()),
                            Learner().weights)
-        loop.setup(SimpleNamespace(datamodule=dm), None, "fit")
+        loop.setup(SimpleNamespace(datamodule=dm, log_dir=str(tmp_path)), None, "fit")
         assert dm.source is loop.source
         return loop, dm
 

@@ -1,0 +1,477 @@
+"""Generation on vLLM servers (``model.rollout.engine: vllm_server``): one or many ``vllm serve`` processes, on this
+host or any other, with weights pushed through vLLM's own weight-transfer API.
+
+:class:`VLLMServerEngine` implements :class:`~ggpo_lightning.rollouts.engine.RolloutEngine` over HTTP:
+
+- **Requests.** One request per prompt to vLLM's token-in-token-out route ``/inference/v1/generate`` (``vllm serve
+  --enable-scale-out``): token ids in and out (no re-tokenization), ``n = K``, a seed per request drawn from torch's
+  global RNG (seeded per run and rank), the sampled tokens' raw log-probs (``--logprobs-mode raw_logprobs``: the
+  log-softmax at temperature 1 before top-p, the quantity the other engines record) unless
+  ``model.rollout.server_logprobs: false``. Each request goes to the live, synced server with the least work
+  outstanding (requests in flight).
+- **Versions.** The server labels every response's tokens with the weight versions that sampled them (vLLM's
+  weight-version spans): each response carries ``[first, last]`` (:attr:`Generation.versions`). ``first < last``
+  when a push landed while it was generated (``model.rollout.in_flight_updates: keep``).
+- **Weights** (:meth:`load_weights`): to every live server, one at a time: ``/pause`` (``keep``: requests in flight
+  stay and go on with the new weights; ``wait``: they finish first, with the old ones), vLLM's trainer-side
+  engine (``WeightTransferTrainerFactory``: start, update while broadcasting, finish; backend ``nccl`` on GPUs, the
+  package's ``ggpo_gloo`` elsewhere), ``/update_weight_version``, ``/resume``. Names are the Hugging Face model's,
+  tensors in the serving dtype. With several trainer ranks every rank takes part in the gathers and rank 0 pushes;
+  the others wait at a barrier.
+- **Faults.** A request that fails (refused, ``request_timeout``, an HTTP error) takes its server out (named once in
+  the log) and is retried on the others with backoff. A server out is probed at every push and at every retry; once
+  it answers it is put back, and it is used again only after it received the weights of a push (its version
+  restarted with it). A push that fails takes the server out the same way. With no server usable for
+  ``server_timeout`` seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
+  ``aborted.ckpt``, and resumes from it once servers are back).
+- **Resume.** The servers' weights are never saved; a resume pushes the learner's (exact when the checkpoint was
+  taken at a sync, :class:`~ggpo_lightning.rollouts.engine.SyncedOnResume`). A new engine pushes the learner's
+  initial weights before its first request, so servers started on another checkpoint never sample for the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ggpo_lightning.core.distributed import all_gather_objects, world
+from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, weight_pairs
+from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.rollouts.vllm_engine import draw_seeds
+
+__all__ = ["ServerCounts", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
+
+log = logging.getLogger(__name__)
+
+GENERATE_ROUTE = "/inference/v1/generate"
+IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
+"""``model.rollout.in_flight_updates`` -> vLLM's ``/pause`` mode around a push."""
+
+
+class ServersUnavailable(RunAborted):
+    """No vLLM server could be used for ``server_timeout`` seconds."""
+
+
+@dataclass
+class ServerCounts:
+    """What the fleet did since the last :meth:`VLLMServerEngine.take_counts` (logged per step)."""
+
+    retries: int = 0
+    """Requests sent again after their server failed."""
+    resyncs: int = 0
+    """Servers that came back and received the weights."""
+    push_seconds: float = 0.0
+    """Seconds of weight pushes (all servers)."""
+
+
+@dataclass
+class _Server:
+    url: str
+    alive: bool = True
+    synced: bool = False
+    """Holds the weights of the engine's latest push."""
+    outstanding: int = 0
+    last_error: str | None = None
+    transfer: Any = None
+    """vLLM's trainer-side transfer engine for this server (None until its first push, and after a failure)."""
+    pushes: int = 0
+
+
+class WeightsSource:
+    """The learner's weights as vLLM's transfer engines read them (a ``WeightSource``): ``(name, tensor)`` pairs in the
+    serving dtype, materialised once per push (under FSDP the gathers are collectives) and replayed for every
+    server."""
+
+    def __init__(self, pairs: list[tuple[str, Tensor]]) -> None:
+        self.pairs = pairs
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in self.pairs]
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        return iter(self.pairs)
+
+    def held_names(self):
+        return None
+
+
+class VLLMServerEngine(SyncedOnResume):
+    """Samples on vLLM servers at ``urls`` (see the module docstring).
+
+    Args:
+        urls: the servers' base URLs (``http://host:port``).
+        tokenizer: the learner's tokenizer (responses are decoded with it; its EOS stops them).
+        dtype: the serving dtype: the tensors of a push are cast to it.
+        initial_weights: the learner at version 0, pushed before the first request (dropped after).
+        record_logprobs: ask for the sampled tokens' log-probs.
+        request_timeout: seconds a request may take before its server is taken out.
+        server_timeout: seconds without any usable server before :class:`ServersUnavailable`.
+        in_flight_updates: ``keep`` or ``drain`` (``/pause`` mode around a push).
+        fleet: local servers to start at :meth:`start` and stop at :meth:`close` (``servers: local:N``); their URLs
+            are then the engine's.
+        transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
+
+    With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank waits at a
+    barrier after a push.
+    """
+
+    def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, initial_weights: nn.Module | None = None,
+                 record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
+                 in_flight_updates: str = "keep", fleet: Any = None,
+                 transfer_init: Callable[[str], Any] | None = None) -> None:
+        import requests
+
+        if not urls and fleet is None:
+            raise ValueError("model.rollout.servers lists no server")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs an eos token: responses stop at it")
+        self.servers = [_Server(url.rstrip("/")) for url in urls]
+        self.fleet = fleet
+        self.tokenizer, self.dtype = tokenizer, dtype
+        self.record_logprobs = record_logprobs
+        self.request_timeout, self.server_timeout = request_timeout, server_timeout
+        self.pause_mode = IN_FLIGHT_PAUSE[in_flight_updates]
+        self.transfer_init = transfer_init or self._gloo_or_nccl
+        self.version = 0
+        self.loads_while_generating = True
+        """A push pauses the servers itself: the async producer need not stop for it (``in_flight_updates``)."""
+        self.counts = ServerCounts()
+        self._initial = initial_weights
+        self._lock = threading.Condition()
+        self._http = requests.Session()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ the protocol
+
+    def to(self, device: torch.device | str) -> VLLMServerEngine:
+        """A no-op: the servers hold their own devices."""
+        return self
+
+    def unshare(self) -> None:
+        """The learner is about to be sharded: push its initial weights now, while they are whole."""
+        self._push_initial()
+
+    def start(self, run_dir: Path) -> None:
+        """Start the local servers (``servers: local:N``; their logs in ``run_dir/servers``); nothing for servers
+        given by URL. Idempotent."""
+        if self.fleet is None or self.servers:
+            return
+        rank, processes = world()
+        urls = None
+        if rank == 0:  # one fleet on the first process's machine, shared by every rank
+            self.fleet.log_dir = Path(run_dir) / "servers"
+            self.fleet.start()
+            urls = self.fleet.urls
+        else:
+            self.fleet = None  # rank 0's to stop
+        if processes > 1:
+            urls = all_gather_objects(urls)[0]
+        self.servers = [_Server(url) for url in urls]
+
+    def close(self) -> None:
+        """Stop the request threads, release the transfer groups and stop the local servers (servers given by URL
+        keep running). Idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for server in self.servers:
+            self._drop_transfer(server)
+        if self.fleet is not None:
+            self.fleet.stop()
+
+    def take_metrics(self) -> dict[str, float]:
+        """``servers_alive`` (in use now), and since the last call ``server_retries``, ``server_resyncs`` and
+        ``weight_push_seconds`` (a step's metrics)."""
+        with self._lock:
+            counts, self.counts = self.counts, ServerCounts()
+        return {"servers_alive": float(self.alive), "server_retries": float(counts.retries),
+                "server_resyncs": float(counts.resyncs), "weight_push_seconds": counts.push_seconds}
+
+    @property
+    def alive(self) -> int:
+        """Servers in use."""
+        return sum(s.alive and s.synced for s in self.servers)
+
+    def load_weights(self, learner: Weights, version: int) -> None:
+        """Push the learner's weights, tagged ``version``, to every server that answers (see the module docstring).
+
+        Raises:
+            ServersUnavailable: no server took them for ``server_timeout`` seconds.
+        """
+        self._initial = None
+        start = time.perf_counter()
+        source = WeightsSource([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(learner)])
+        rank, processes = world()
+        if rank == 0:
+            self._push_all(source, version)
+        with self._lock:
+            self.version = version
+            if rank != 0:  # rank 0 pushed; its failures are its own to handle, the tags tell the truth
+                for server in self.servers:
+                    server.synced = True
+        if processes > 1:
+            torch.distributed.barrier()
+        self.counts.push_seconds += time.perf_counter() - start
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
+        """``n`` samples per prompt, one seeded request per prompt, spread over the servers."""
+        self._push_initial()
+        seeds = draw_seeds(len(prompt_ids))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ggpo-vllm-request")
+        futures = [self._pool.submit(self._generate_one, list(prompt), n, sampling, seed)
+                   for prompt, seed in zip(prompt_ids, seeds)]
+        return [future.result() for future in futures]
+
+    def greedy(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[Generation]:
+        """One greedy (argmax) response per prompt."""
+        greedy = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
+        return [self._generate_one(list(prompt), 1, greedy, 0, temperature=0.0) for prompt in prompt_ids]
+
+    # ------------------------------------------------------------------ requests
+
+    def _generate_one(self, prompt: list[int], n: int, sampling: SamplingConfig, seed: int,
+                      temperature: float | None = None) -> Generation:
+        params = {"n": n, "temperature": sampling.temperature if temperature is None else temperature,
+                  "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens, "seed": seed,
+                  "stop_token_ids": [self.tokenizer.eos_token_id], "detokenize": False,
+                  "logprobs": 0 if self.record_logprobs else None}
+        body = {"token_ids": prompt, "sampling_params": params, "output_mode": "tokens"}
+        failed_once = False
+        while True:
+            server = self._take_server()
+            try:
+                reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
+            except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
+                self._fail(server, error)
+                failed_once = True
+                with self._lock:
+                    self.counts.retries += 1
+                continue
+            finally:
+                with self._lock:
+                    server.outstanding -= 1
+                    self._lock.notify_all()
+            if failed_once:
+                log.debug("a request succeeded on %s after a retry", server.url)
+            return self._generation(prompt, reply)
+
+    def _generation(self, prompt: list[int], reply: dict[str, Any]) -> Generation:
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        responses = [list(c["token_ids"]) for c in choices]
+        logprobs = None
+        if self.record_logprobs:
+            logprobs = [[float(t["logprob"]) for t in c["logprobs"]["content"]] for c in choices]
+        versions = [_first_last(c.get("weight_versions"), self.version) for c in choices]
+        return Generation(prompt_ids=prompt, response_ids=responses,
+                          responses=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+                          token_logprobs=logprobs, versions=versions)
+
+    def _take_server(self) -> _Server:
+        """The usable server with the least work outstanding, counted as taken; waits (probing the servers that are
+        out) while none is usable, up to ``server_timeout``."""
+        deadline = time.monotonic() + self.server_timeout
+        delay = 0.5
+        while True:
+            with self._lock:
+                usable = [s for s in self.servers if s.alive and s.synced]
+                if usable:
+                    server = min(usable, key=lambda s: s.outstanding)
+                    server.outstanding += 1
+                    return server
+            if time.monotonic() > deadline:
+                raise self._unavailable()
+            self._probe()
+            time.sleep(delay)
+            delay = min(2 * delay, 10.0)
+
+    def _post(self, server: _Server, route: str, body: dict[str, Any] | None, timeout: float,
+              params: dict[str, str] | None = None) -> Any:
+        response = self._http.post(server.url + route, json=body, params=params, timeout=timeout)
+        if response.status_code != 200:
+            raise RuntimeError(f"{route} answered {response.status_code}: {response.text[:200]}")
+        return response.json() if response.content else None
+
+    def _fail(self, server: _Server, error: BaseException) -> None:
+        with self._lock:
+            if server.alive:
+                log.warning("vLLM server %s failed and is taken out until it answers again and is re-synced: %s",
+                            server.url, _short(error))
+            server.alive, server.synced = False, False
+            server.last_error = _short(error)
+        self._drop_transfer(server)
+
+    def _probe(self) -> None:
+        """Put back the servers that answer ``/health`` again (used once re-synced)."""
+        for server in self.servers:
+            if server.alive:
+                continue
+            try:
+                ok = self._http.get(server.url + "/health", timeout=5).status_code == 200
+            except Exception as error:  # noqa: BLE001 - still out
+                server.last_error = _short(error)
+                continue
+            if ok:
+                with self._lock:
+                    server.alive = True
+                log.warning("vLLM server %s answers again; it is used after its next weight push", server.url)
+
+    def _unavailable(self) -> ServersUnavailable:
+        lines = "; ".join(f"{s.url}: {s.last_error or ('not re-synced yet' if s.alive else 'out')}"
+                          for s in self.servers)
+        return ServersUnavailable(f"no vLLM server usable for model.rollout.server_timeout={self.server_timeout:g} s "
+                                  f"({lines})")
+
+    # ------------------------------------------------------------------ weights
+
+    def _push_initial(self) -> None:
+        if self._initial is not None:
+            self.load_weights(self._initial, version=self.version)
+
+    def _push_all(self, source: WeightsSource, version: int) -> None:
+        self._probe()
+        deadline = time.monotonic() + self.server_timeout
+        while True:
+            for server in self.servers:
+                if server.alive:
+                    self._push(server, source, version)
+            if any(s.synced for s in self.servers):
+                return
+            if time.monotonic() > deadline:
+                raise self._unavailable()
+            time.sleep(2.0)
+            self._probe()
+
+    def _push(self, server: _Server, source: WeightsSource, version: int) -> None:
+        was_synced = server.pushes > 0
+        with self._lock:
+            server.synced = False  # no request goes to it while its weights change
+        try:
+            if server.transfer is None:
+                server.transfer = self.transfer_init(server.url)
+            self._post(server, "/pause", None, self.request_timeout, params={"mode": self.pause_mode})
+            try:
+                server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
+                server.transfer.send_weights()
+                self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
+            finally:
+                self._post(server, "/resume", None, self.request_timeout)
+        except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
+            self._fail(server, error)
+            return
+        with self._lock:
+            server.synced = True
+            server.pushes += 1
+            server.last_error = None
+            if not was_synced and version > 0:
+                self.counts.resyncs += 1
+
+    def _gloo_or_nccl(self, url: str):
+        """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs, ``ggpo_gloo`` elsewhere."""
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        from ggpo_lightning.rollouts import vllm_transfer
+
+        vllm_transfer.register()
+        client = HTTPVLLMWeightSyncClient(url, timeout=self.request_timeout)
+        info = vllm_transfer.GlooTrainerInitInfo(rank=0, master_address=_local_address(url),
+                                                 timeout_seconds=self.request_timeout)
+        return WeightTransferTrainerFactory.trainer_init(info, client=client, source=WeightsSource([]))
+
+    def _drop_transfer(self, server: _Server) -> None:
+        transfer, server.transfer = server.transfer, None
+        if transfer is not None:
+            transfer.shutdown()
+
+
+def server_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_or_path: str, dtype: torch.dtype, *,
+                  record_logprobs: bool, in_flight_updates: str) -> VLLMServerEngine:
+    """The engine of ``model.rollout.engine: vllm_server``: the servers at ``servers``, or ``local:N`` servers of
+    ``model_name_or_path`` started at :meth:`VLLMServerEngine.start` (on ``server_devices`` when set)."""
+    fleet = None
+    if config.local_servers is not None:
+        from ggpo_lightning.rollouts.vllm_servers import LocalFleet, split_devices, vllm_flags
+
+        devices = None if config.server_devices is None else split_devices(config.server_devices, config.local_servers)
+        fleet = LocalFleet(model_name_or_path, config.local_servers, log_dir=None, dtype=str(dtype).removeprefix("torch."),
+                           devices=devices, extra_args=vllm_flags(config.vllm_args))
+    return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, initial_weights=model,
+                            record_logprobs=record_logprobs, request_timeout=config.request_timeout,
+                            server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet)
+
+
+def server_errors(url: str, tokenizer, context: int, timeout: float = 10.0) -> list[str]:
+    """What keeps the server at ``url`` from serving this run, one line each (empty: none): it does not answer; its
+    RL routes are off (``VLLM_SERVER_DEV_MODE=1``); it lacks a flag the trainer needs (``--enable-scale-out``,
+    ``--weight-transfer-config``, ``--logprobs-mode raw_logprobs``); its context is shorter than ``context`` tokens;
+    its tokenizer is not ``tokenizer`` (the same text, other token ids). A server of another architecture is
+    refused by the first push (its weight names)."""
+    import requests
+
+    url = url.rstrip("/")
+    try:
+        requests.get(url + "/health", timeout=timeout).raise_for_status()
+        info = requests.get(url + "/server_info", params={"config_format": "json"}, timeout=timeout)
+        generate = requests.post(url + GENERATE_ROUTE, json={}, timeout=timeout)
+        sample = tokenizer.decode(list(range(min(len(tokenizer), 512))))
+        tokens = requests.post(url + "/tokenize", json={"prompt": sample, "add_special_tokens": False},
+                               timeout=timeout)
+    except requests.RequestException as error:
+        return [f"{url} does not answer ({_short(error)}); start it with `ggpo serve MODEL`"]
+    if info.status_code == 404:
+        return [f"{url} runs without its RL routes: start it with VLLM_SERVER_DEV_MODE=1 (`ggpo serve` sets it)"]
+    errors = []
+    config = info.json()["vllm_config"]
+    model = config["model_config"]
+    if generate.status_code in (403, 404):
+        errors.append(f"{url} runs without vLLM's token-in-token-out route: start it with --enable-scale-out")
+    if not (config.get("weight_transfer_config") or {}).get("backend"):
+        errors.append(f"{url} runs without a weight-transfer backend: start it with --weight-transfer-config "
+                      "'{\"backend\": \"nccl\"}' (GPUs) or ggpo_gloo (CPU; `ggpo serve` sets it)")
+    if model.get("logprobs_mode") != "raw_logprobs":
+        errors.append(f"{url} reports {model.get('logprobs_mode')} log-probs: start it with --logprobs-mode "
+                      "raw_logprobs (the behavior policy's, at temperature 1)")
+    if int(model.get("max_model_len") or 0) < context:
+        errors.append(f"{url} serves {model.get('max_model_len')} tokens, the run needs {context} (the longest prompt "
+                      "plus max_new_tokens): start it with a larger --max-model-len")
+    if tokens.status_code != 200 or tokens.json().get("tokens") != tokenizer.encode(sample, add_special_tokens=False):
+        errors.append(f"{url} serves {model.get('model')!r}, whose tokenizer is not this run's model's")
+    return errors
+
+
+def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:
+    """``[first, last]`` version of a response's weight-version spans (``default`` when the server gave none)."""
+    if not spans:
+        return [default, default]
+    versions = [int(span["version"]) for span in spans]
+    return [versions[0], versions[-1]]
+
+
+def _local_address(url: str) -> str:
+    """This host's address as the server at ``url`` reaches it (loopback for a local server)."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(url).hostname or "127.0.0.1"
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the interface that routes to the server
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+
+
+def _short(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
