@@ -54,6 +54,8 @@ __all__ = ["ServerCounts", "ServersUnavailable", "VLLMServerEngine", "WeightsSou
 log = logging.getLogger(__name__)
 
 GENERATE_ROUTE = "/inference/v1/generate"
+REQUEST_THREADS = 64
+"""Requests in flight at once (one prompt each); vLLM batches them on the servers."""
 IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
 """``model.rollout.in_flight_updates`` -> vLLM's ``/pause`` mode around a push."""
 
@@ -84,7 +86,8 @@ class _Server:
     last_error: str | None = None
     transfer: Any = None
     """vLLM's trainer-side transfer engine for this server (None until its first push, and after a failure)."""
-    pushes: int = 0
+    failed: bool = False
+    """Taken out since its last push: the next push that reaches it is a re-sync."""
 
 
 class WeightsSource:
@@ -151,6 +154,9 @@ class VLLMServerEngine(SyncedOnResume):
         self._initial = initial_weights
         self._lock = threading.Condition()
         self._http = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=REQUEST_THREADS)  # a connection per request thread
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
         self._pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ the protocol
@@ -230,7 +236,7 @@ class VLLMServerEngine(SyncedOnResume):
         self._push_initial()
         seeds = draw_seeds(len(prompt_ids))
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ggpo-vllm-request")
+            self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="ggpo-vllm-request")
         futures = [self._pool.submit(self._generate_one, list(prompt), n, sampling, seed)
                    for prompt, seed in zip(prompt_ids, seeds)]
         return [future.result() for future in futures]
@@ -309,7 +315,7 @@ class VLLMServerEngine(SyncedOnResume):
             if server.alive:
                 log.warning("vLLM server %s failed and is taken out until it answers again and is re-synced: %s",
                             server.url, _short(error))
-            server.alive, server.synced = False, False
+            server.alive, server.synced, server.failed = False, False, True
             server.last_error = _short(error)
         self._drop_transfer(server)
 
@@ -355,14 +361,13 @@ class VLLMServerEngine(SyncedOnResume):
             self._probe()
 
     def _push(self, server: _Server, source: WeightsSource, version: int) -> None:
-        was_synced = server.pushes > 0
         with self._lock:
             server.synced = False  # no request goes to it while its weights change
         try:
-            if server.transfer is None:
-                server.transfer = self.transfer_init(server.url)
             self._post(server, "/pause", None, self.request_timeout, params={"mode": self.pause_mode})
             try:
+                if server.transfer is None:
+                    server.transfer = self.transfer_init(server.url)
                 server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
                 server.transfer.send_weights()
                 self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
@@ -373,9 +378,9 @@ class VLLMServerEngine(SyncedOnResume):
             return
         with self._lock:
             server.synced = True
-            server.pushes += 1
             server.last_error = None
-            if not was_synced and version > 0:
+            if server.failed:
+                server.failed = False
                 self.counts.resyncs += 1
 
     def _gloo_or_nccl(self, url: str):

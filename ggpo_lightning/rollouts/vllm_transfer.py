@@ -184,10 +184,24 @@ class GlooTrainerEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
         port = engine._store.port
         name = f"ggpo-weights-{port}"
         server_info = GlooInitInfo(init_info.master_address, port, name, init_info.timeout_seconds)
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the server joins inside its HTTP call: both at once
-            joined = pool.submit(client.init_weight_transfer_engine, asdict(server_info))
-            engine.group = _group(engine._store, name, 0, init_info.timeout_seconds)
-            joined.result()
+        opened: dict[str, Any] = {}
+
+        def open_group() -> None:  # joined by the server inside its HTTP call: both at once
+            try:
+                opened["group"] = _group(engine._store, name, 0, init_info.timeout_seconds)
+            except BaseException as error:  # noqa: BLE001 - raised below, in the caller's thread
+                opened["error"] = error
+
+        # a daemon thread: a server that refuses the call (the usual failure) leaves the group waiting for a peer
+        # that never comes, until its timeout, without holding up the caller or the interpreter's exit
+        opener = threading.Thread(target=open_group, name="ggpo-weights-rendezvous", daemon=True)
+        opener.start()
+        client.init_weight_transfer_engine(asdict(server_info))
+        opener.join(init_info.timeout_seconds)
+        if "group" not in opened:
+            raise RuntimeError(f"the {BACKEND} weight-transfer group did not form: "
+                               f"{opened.get('error', 'timed out')!r}")
+        engine.group = opened["group"]
         return engine
 
     def send_weights(self) -> None:
