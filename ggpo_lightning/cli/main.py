@@ -7,6 +7,7 @@ Heavy modules (torch, transformers, lightning) are imported inside the commands,
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING
 
 import click
