@@ -7,6 +7,7 @@ Heavy modules (torch, transformers, lightning) are imported inside the commands,
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -18,6 +19,7 @@ from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.eval import eval_command
 from ggpo_lightning.cli.experiments import report_command, sweep_command
 from ggpo_lightning.cli.recipes import recipes_group
+from ggpo_lightning.cli.serve import serve_command
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -47,6 +49,7 @@ main.add_command(recipes_group, "recipes")
 main.add_command(eval_command, "eval")
 main.add_command(sweep_command, "sweep")
 main.add_command(report_command, "report")
+main.add_command(serve_command, "serve")
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
