@@ -68,16 +68,16 @@ class SinglePassGradient(L.Callback):
 
 def test_async_micro_batched_updates_take_the_single_pass_gradient_of_their_batch(tiny_model_dir, data_dir,
                                                                                    monkeypatch):
-    from ggpo_lightning.training import module as module_file
+    from ggpo_lightning.core import microbatch
 
     plans = []
-    two_pass_loss = module_file.two_pass_loss
+    two_pass_loss = microbatch.two_pass_loss
 
     def counted(learner, batch, plan, *args):
         plans.append(len(plan))
         return two_pass_loss(learner, batch, plan, *args)
 
-    monkeypatch.setattr(module_file, "two_pass_loss", counted)
+    monkeypatch.setattr(microbatch, "two_pass_loss", counted)
     torch.manual_seed(0)
     rollout = RolloutConfig(k=4, schedule="async", async_worker="thread", max_staleness=1,
                             sampling=SamplingConfig(max_new_tokens=3))
