@@ -42,7 +42,7 @@ PHASES = [  # (phase, substrings of a Python frame "function (path:line)"), in p
     ("verify", ("ggpo_verifiers/",)),
     ("generate", ("rollouts/hf_engine.py",)),
     ("reference_forward", ("ReferenceLogprobCache.",)),
-    ("learner_forward", ("batch_token_logprobs (", "two_pass_loss (")),
+    ("learner_forward", ("batch_token_logprobs (", "two_pass_loss (", "micro_batch_share (")),
     ("backward", ("torch/autograd/__init__.py", "torch/autograd/graph.py")),
     ("loss_and_metrics", ("training_step (ggpo_lightning/training/module.py",)),
     ("optimizer", ("torch/optim/",)),

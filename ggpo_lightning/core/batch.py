@@ -46,6 +46,30 @@ class StepBatch:
         out[self.group_mask if self.present_mask is None else self.present_mask] = per_row
         return out
 
+    def group_rows(self) -> list[list[int]]:
+        """Each group's rows (its responses, group after group)."""
+        ends = torch.tensor([g.k for g in self.groups]).cumsum(0).tolist()
+        return [list(range(end - g.k, end)) for g, end in zip(self.groups, ends)]
+
+    def select(self, groups: list[int]) -> tuple[StepBatch, list[int]]:
+        """The groups ``groups`` (indices, whole) as a batch of their own, on padded rows cut to their longest, and
+        the rows of this batch they hold (in order)."""
+        rows = [r for g in groups for r in self.group_rows()[g]]
+        index = torch.tensor(rows, device=self.input_ids.device)
+        width = int(self.attention_mask[index].sum(-1).max())  # right-padded rows: their lengths
+        cut = lambda t: None if t is None else t[index, :width]  # noqa: E731  [b, width]
+        pick = lambda t: None if t is None else t[groups]  # noqa: E731  [g, ...]
+        part = StepBatch([self.groups[g] for g in groups], cut(self.input_ids), cut(self.attention_mask),
+                         cut(self.target_mask), pick(self.group_mask), pick(self.rewards), pick(self.versions),
+                         behavior_token_logp=cut(self.behavior_token_logp), present_mask=pick(self.present_mask),
+                         truncated=pick(self.truncated))
+        return part, rows
+
+    def response_lengths(self) -> Tensor:
+        """Response tokens ``[G, K]`` (0 where absent): what a declared denominator counts, known before any
+        forward."""
+        return self.to_groups(self.target_mask.sum(-1))
+
     @property
     def tokens(self) -> int:
         """Prompt and response tokens of the padded rows (the step's throughput count)."""

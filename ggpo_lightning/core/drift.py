@@ -27,7 +27,8 @@ from torch import Tensor
 
 from ggpo_lightning.core.objectives import check_groups, check_rewards, compute_dtype
 
-__all__ = ["DriftDiagnostics", "behavior_anchor", "coverage_diagnostics", "coverage_rows", "drift_diagnostics"]
+__all__ = ["DriftDiagnostics", "anchored_groups", "behavior_anchor", "coverage_diagnostics", "coverage_rows",
+           "drift_diagnostics"]
 
 
 def _per_group_mean(x: Tensor, mask: Tensor, empty: float) -> Tensor:
@@ -80,6 +81,12 @@ def behavior_anchor(logp: Tensor, mask: Tensor | None = None) -> Tensor:
     """
     mask = check_groups(mask, logp=logp)
     return _per_group_mean(-logp.to(compute_dtype(logp)), mask, empty=0.0)
+
+
+def anchored_groups(mask: Tensor) -> Tensor:
+    """The groups with at least one valid response (0-d): what :func:`behavior_anchor` divides its sum over groups
+    by, known before any forward (its declared denominator, :attr:`~ggpo_lightning.core.objectives.Objective.denominator`)."""
+    return mask.any(-1).sum()
 
 
 @dataclass(frozen=True)

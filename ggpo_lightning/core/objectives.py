@@ -40,6 +40,8 @@ __all__ = [
     "check_groups",
     "check_rewards",
     "compute_dtype",
+    "contrasted_groups",
+    "contrasted_tokens",
     "get_objective",
     "ggpo_diagnostics",
     "ggpo_group_loss",
@@ -511,6 +513,21 @@ def correction_errors(importance_sampling: str | None, clip_max: float, clip_min
     return errors
 
 
+# ----------------------------------------------------------------------------- denominators
+
+
+def contrasted_groups(mask: Tensor, lengths: Tensor) -> Tensor:
+    """The groups with at least 2 valid responses (0-d): what GGPO, AGRO and MaxRL divide their sum over groups by.
+    ``mask`` bool ``[G, K]``, ``lengths`` ``[G, K]`` response tokens."""
+    return (mask.sum(-1) >= 2).sum()
+
+
+def contrasted_tokens(mask: Tensor, lengths: Tensor) -> Tensor:
+    """The response tokens of those groups' valid responses (0-d): what GRPO divides its sum over tokens by."""
+    kept = mask & (mask.sum(-1, keepdim=True) >= 2)  # [G, K]
+    return torch.where(kept, lengths, torch.zeros_like(lengths)).sum()
+
+
 # ----------------------------------------------------------------------------- the objective interface
 
 
@@ -631,6 +648,18 @@ class Objective:
     """Default behavior-anchor weight, as a multiple of beta, when rollouts can be stale (0 = none)."""
     options: tuple[str, ...] = ()
     """The :data:`SWITCHED_OPTIONS` of ``ObjectiveConfig`` this objective reads (any other one set is an error)."""
+    denominator: Callable[[Tensor, Tensor], Tensor] | None = None
+    """How the loss normalises, declared: ``denominator(mask, lengths)`` (bool ``[G, K]`` and ``[G, K]`` response
+    tokens: known before any forward) is the count the loss divides a sum of per-group terms by, each term a
+    function of its own group alone, a group that adds nothing to the count adding nothing to the sum::
+
+        loss(inputs) = sum_g term_g / max(denominator(mask, lengths), 1)
+
+    e.g. :func:`contrasted_groups` (a mean over groups) or :func:`contrasted_tokens` (a mean over the step's
+    tokens). Then the loss of some of the step's groups, times their count over the step's, is their exact share
+    of the step's loss, and a micro-batched step takes one pass (``docs/METHOD.md#micro-batched-steps``). None
+    (undeclared, e.g. a loss with batch-level statistics of the learner's log-probs): two passes, exact for any
+    loss."""
 
 
 _OBJECTIVES: dict[str, Objective] = {}
@@ -702,12 +731,14 @@ def available_objectives() -> list[str]:
 
 register_objective(Objective(
     "ggpo", lambda x, c: ggpo_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence",
-    anchor_when_stale=1.0))  # Gibbs gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios  # docs/METHOD.md#recommended-settings
+    anchor_when_stale=1.0, denominator=contrasted_groups))  # Gibbs gap (log-mean-exp minus mean) of KL-adjusted rewards; off-policy, no ratios  # docs/METHOD.md#recommended-settings
 register_objective(Objective(
-    "agro", lambda x, c: agro_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence"))
+    "agro", lambda x, c: agro_loss(x.logp, x.ref_logp, x.rewards, c.beta, x.mask), "sequence",
+    denominator=contrasted_groups))
 # AGRO: variance of KL-adjusted rewards over 2*beta (GGPO's quadratic approximation)
 register_objective(Objective(
-    "maxrl", lambda x, c: maxrl_loss(x.logp, x.rewards, x.mask), "sequence"))
+    "maxrl", lambda x, c: maxrl_loss(x.logp, x.rewards, x.mask), "sequence",
+    denominator=contrasted_groups))
 # MaxRL: mean score of successes minus mean score of all (binary rewards)
 register_objective(Objective(
     "grpo", lambda x, c: grpo_loss(x.token_logp, x.behavior_token_logp, x.token_mask, x.rewards, x.mask,
@@ -716,5 +747,6 @@ register_objective(Objective(
                                    importance_sampling_clip_max=c.importance_sampling_clip_max,
                                    importance_sampling_clip_min=c.importance_sampling_clip_min,
                                    off_policy_mask_threshold=c.off_policy_mask_threshold),
-    "token", uses_behavior_logp=True,
-    options=SWITCHED_OPTIONS))  # token-level clipped ratio surrogate, group-normalized advantages
+    "token", uses_behavior_logp=True, options=SWITCHED_OPTIONS,
+    denominator=contrasted_tokens))  # token-level clipped ratio surrogate, group-normalized advantages; its
+# corrections weigh or mask tokens and responses, never the denominator

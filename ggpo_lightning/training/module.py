@@ -6,11 +6,13 @@ One optimizer step (:meth:`GGPOModule.training_step`) reads top to bottom:
    :class:`~ggpo_lightning.rollouts.source.RolloutSource` added the fresh ones, with what rolling them out cost;
 2. :func:`~ggpo_lightning.core.batch.pack_step` packs them into a typed :class:`~ggpo_lightning.core.batch.StepBatch`;
 3. learner log-probs with gradient, reference log-probs without (cached per group until the next refresh), as
-   :class:`~ggpo_lightning.core.objectives.ObjectiveInputs`;
-4. the configured objective's loss (the module never names an objective), plus the behavior anchor when on;
-5. the step's metrics (:func:`~ggpo_lightning.core.metrics.step_metrics` and the rollout's), reduced over ranks,
+   :class:`~ggpo_lightning.core.objectives.ObjectiveInputs`, and the configured objective's loss (the module never
+   names an objective), plus the behavior anchor when on (:class:`~ggpo_lightning.core.step_loss.StepLoss`): the
+   whole step at once, or micro-batched in one pass or two (:class:`~ggpo_lightning.core.microbatch.StepPasses`);
+4. the step's metrics (:func:`~ggpo_lightning.core.metrics.step_metrics` and the rollout's), reduced over ranks,
    recorded (:meth:`~ggpo_lightning.training.hooks.UpdateHooks.record_step_metrics`; written to the loggers after
-   the update); a non-finite loss skips the step.
+   the update); a non-finite loss skips the step (the gradients a one-pass step accumulated dropped);
+5. the backward of what remains.
 
 After each update two schedules run (callbacks): the rollout source's owner
 (:class:`~ggpo_lightning.training.rollout_loop.RolloutLoop`: connection, publishing, checkpoints, closing) publishes
@@ -34,16 +36,14 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from ggpo_lightning.core.batch import (ReferenceLogprobCache, StepBatch, batch_token_logprobs, objective_inputs,
-                                       pack_step)
+from ggpo_lightning.core.batch import ReferenceLogprobCache, StepBatch, batch_token_logprobs, pack_step
 from ggpo_lightning.core.distributed import reduce_step_metrics, world
-from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.logprobs import attention_pair_cost, supports_packed
 from ggpo_lightning.core.metrics import coverage_metrics, step_metrics
-from ggpo_lightning.core.microbatch import (MicroBatchConfig, backward_micro_batches, micro_batched_forward, plan_step,
-                                            two_pass_loss)
+from ggpo_lightning.core.microbatch import MicroBatchConfig, StepPasses, micro_batched_forward
 from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective
 from ggpo_lightning.core.schedule import LRScheduleConfig
+from ggpo_lightning.core.step_loss import StepLoss
 from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
 from ggpo_lightning.models.export import Writer, export_targets
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
@@ -137,6 +137,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.rollout_config = rollout or RolloutConfig()
         self.eval_config = eval or EvalConfig()
         self.micro_batch, self.lr_schedule = micro_batch or MicroBatchConfig(), lr_scheduler
+        self.passes = StepPasses(self.micro_batch.max_tokens, logprob_chunk_size)
         self.verifier_health = VerifierHealth(verifier_health or VerifierHealthConfig())
         check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, verifier_timeout,
                        self.verifier_health.config, ref_refresh_every, max_nan_steps, lora, self.micro_batch,
@@ -243,20 +244,14 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         step: TrainingBatch = next(dataloader_iter)[0]
         start = time.perf_counter()
         batch = self.pack(step.groups)
-        plan = plan_step(batch, self.micro_batch.max_tokens) if self.micro_batch.max_tokens else None
-        if plan is None:  # one pass: the step's activations all at once
-            token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
-            loss, inputs = self.step_loss(batch, token_logp)
-        else:  # the loss and its coefficients first, then one micro-batch's activations at a time
-            loss, inputs, coefficients, token_logp = two_pass_loss(self.learner, batch, plan,
-                                                                   self.logprob_chunk_size, self.step_loss)
-        metrics = self.step_metrics(batch, inputs, loss, step.rollout, token_logp)
+        # the step's loss (micro-batched in one pass or two, StepPasses); in one pass the backwards but the last's
+        pending = self.passes.run(self.learner, batch, self.loss_terms(),
+                                  lambda loss: self.trainer.strategy.backward(loss, None))
+        metrics = self.step_metrics(batch, pending.inputs, pending.loss, step.rollout, pending.token_logp)
         if not torch.isfinite(metrics["loss"]):  # the mean over ranks: every rank skips the same steps
             return self._skip_nan_step()
         self.nan_guard.passed()
-        if plan is not None:  # all micro-batches but the last back-propagated here, the last by Lightning
-            loss = backward_micro_batches(self.learner, batch, plan, coefficients, self.logprob_chunk_size,
-                                          lambda surrogate: self.trainer.strategy.backward(surrogate, None))
+        loss = pending.finish()  # the remaining backwards but the last, which Lightning runs
         for name in ("loss", "reward", "staleness"):  # the progress bar's, and monitors' (e.g. ModelCheckpoint)
             self.log(f"train/{name}", metrics[name], prog_bar=True, logger=False, batch_size=len(step.groups))
         # to the loggers after the update; a NaN here means "no such responses in this step": left out
@@ -273,22 +268,25 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
                          mask_truncated=self.rollout_config.truncation == "mask", pair_cost=self.attention_pair_cost)
 
     def step_loss(self, batch: StepBatch, token_logp: Tensor | None = None) -> tuple[Tensor, ObjectiveInputs]:
-        """The objective's loss on ``batch``, plus ``lambda`` times the behavior anchor when it is on
-        (``docs/METHOD.md#the-behavior-anchor``), and the inputs it was computed from: the learner's token
-        log-probs ``[B, L]`` (computed here with gradient when not given) and the reference's (without; cached per
-        group until the next refresh; micro-batched under ``model.micro_batch``)."""
+        """The whole step's :meth:`loss_terms` on ``batch`` and the inputs it was computed from, at the learner's
+        token log-probs ``[B, L]`` (computed here with gradient when not given)."""
         if token_logp is None:
             token_logp = batch_token_logprobs(self.learner, batch, self.logprob_chunk_size)  # [B, L]
+        return self.loss_terms()(batch, token_logp)
+
+    def loss_terms(self) -> StepLoss:
+        """The step's loss: the objective's, plus ``lambda`` times the behavior anchor when it is on
+        (``docs/METHOD.md#the-behavior-anchor``), the reference's log-probs from :meth:`reference_logprobs`."""
+        return StepLoss(self.objective, self.objective_config, self.anchor_weight, self.reference_logprobs)
+
+    def reference_logprobs(self, batch: StepBatch) -> Tensor:
+        """The reference's token log-probs ``[B, L]`` of ``batch``, without gradient: cached per group until the next
+        refresh, micro-batched under ``model.micro_batch``."""
         budget, chunk = self.micro_batch.max_tokens, self.logprob_chunk_size
         forward = micro_batched_forward(budget, chunk, collective=self.policy.sharded) if budget else None
         with self.policy.reference_model() as reference, torch.no_grad():
-            ref_token_logp = self.reference_cache.token_logprobs(reference, batch, self.tokenizer.pad_token_id,
-                                                                 chunk, forward)  # [B, L]
-        inputs = objective_inputs(batch, token_logp, ref_token_logp, self.objective.level)
-        loss = self.objective.loss(inputs, self.objective_config)
-        if self.anchor_weight:
-            loss = loss + self.anchor_weight * behavior_anchor(inputs.logp, batch.present_mask)  # all of mu's samples
-        return loss, inputs
+            return self.reference_cache.token_logprobs(reference, batch, self.tokenizer.pad_token_id, chunk,
+                                                       forward)  # [B, L]
 
     def step_metrics(self, batch: StepBatch, inputs: ObjectiveInputs, loss: Tensor,
                      rollout: RolloutBatch, token_logp: Tensor) -> dict[str, Tensor]:
@@ -307,6 +305,9 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         return metrics
 
     def _skip_nan_step(self) -> None:
+        """The step is skipped: gradients a one-pass step accumulated before its loss was known are dropped."""
+        for optimizer in self.trainer.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.record_step_metrics({"train/nan_steps": float(self.nan_guard.skip(self.trainer))})
 
     # ------------------------------------------------------------------ the reference schedule (its callback calls it)

@@ -1,14 +1,20 @@
-"""Micro-batched steps: the plan keeps the budget, and the two-pass gradient equals the single pass for every
-objective, whatever the split (groups across micro-batches, a budget smaller than one response)."""
+"""Micro-batched steps: the plan keeps the budget, and the micro-batched gradient equals the single pass for every
+objective, whatever the split: in one pass where the objective declares its denominator and the groups fit whole,
+in two passes where a group must be split (a budget smaller than one response) or the objective declares nothing.
+
+Tolerances (fp32, the tiny model, gradients of every parameter): ``rtol=1e-4, atol=1e-6`` against the single pass
+(float sums in another order: per micro-batch, per part); the loss ``rtol=1e-6, atol=1e-7``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ggpo_lightning.core.microbatch import (backward_micro_batches, micro_batched_token_logprobs,
-                                            plan_micro_batches, plan_step, two_pass_loss)
-from ggpo_lightning.core.objectives import ObjectiveConfig, available_objectives
+from dataclasses import replace
+
+from ggpo_lightning.core.microbatch import (StepPasses, backward_micro_batches, micro_batched_token_logprobs,
+                                            plan_micro_batches, plan_step, plan_whole_groups, two_pass_loss)
+from ggpo_lightning.core.objectives import IS_MODES, ObjectiveConfig, available_objectives
 from ggpo_lightning.core.batch import batch_token_logprobs
 from ggpo_lightning.testing import make_group
 
@@ -161,3 +167,150 @@ def test_coverage_metrics_equal_single_pass_and_micro_batched(tiny_model_dir, ti
     assert set(single) == set(split) and "coverage_ess" in single
     for name in single:
         torch.testing.assert_close(split[name], single[name], rtol=1e-5, atol=1e-6)
+
+
+def group_costs(batch) -> list[int]:
+    """Each group's padded tokens (rows x its longest row): what a micro-batch of it alone takes."""
+    lengths = batch.attention_mask.sum(-1).tolist()
+    return [len(rows) * max(lengths[r] for r in rows) for rows in batch.group_rows()]
+
+
+def test_whole_groups_are_packed_under_the_budget_or_none_fits(tiny_model_dir, tiny_lm):
+    _, tokenizer = tiny_lm
+    batch = make_module(tiny_model_dir).pack(groups_of(tokenizer))
+    costs, lengths = group_costs(batch), batch.attention_mask.sum(-1).tolist()
+    plan = plan_whole_groups(batch, max(costs))
+    assert sorted(g for groups in plan for g in groups) == [0, 1, 2]
+    for groups in plan:
+        rows = [r for g in groups for r in batch.group_rows()[g]]
+        assert len(rows) * max(lengths[r] for r in rows) <= max(costs)
+    assert plan_whole_groups(batch, 10_000) == [[0, 1, 2]]
+    assert plan_whole_groups(batch, max(costs) - 1) is None  # the largest group must be split
+
+
+def test_a_selected_part_holds_its_groups_whole(tiny_model_dir, tiny_lm):
+    _, tokenizer = tiny_lm
+    batch = make_module(tiny_model_dir, objective=ObjectiveConfig(name="grpo")).pack(groups_of(tokenizer))
+    part, rows = batch.select([2, 0])
+    assert rows == batch.group_rows()[2] + batch.group_rows()[0] == [7, 0, 1, 2, 3]
+    assert [g.prompt_id for g in part.groups] == ["c", "a"]
+    width = part.input_ids.shape[1]
+    assert torch.equal(part.input_ids, batch.input_ids[rows, :width])
+    assert torch.equal(part.behavior_token_logp, batch.behavior_token_logp[rows, :width])
+    assert torch.equal(part.group_mask, batch.group_mask[[2, 0]]) and torch.equal(part.rewards, batch.rewards[[2, 0]])
+    assert torch.equal(part.response_lengths(), batch.response_lengths()[[2, 0]])
+    assert int(batch.attention_mask[rows].sum(-1).max()) == width
+
+
+# GGPO, AGRO, MaxRL and GRPO; GRPO with each importance-sampling correction and with the off-policy mask
+DECLARED = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo")]
+            + [{"name": "grpo", "importance_sampling": mode} for mode in IS_MODES]
+            + [{"name": "grpo", "off_policy_mask_threshold": 0.5},
+               {"name": "grpo", "importance_sampling": "token_mask", "importance_sampling_clip_min": 0.5,
+                "off_policy_mask_threshold": 0.0}])
+
+
+def single_pass_gradients(module, batch):
+    loss, _ = module.step_loss(batch)
+    loss.backward()
+    return loss.detach(), gradients(module)
+
+
+def micro_batched(module, batch, budget):
+    """The step through :class:`StepPasses` at ``budget``, its backwards all run: (pending step, gradients)."""
+    pending = StepPasses(budget, 64).run(module.learner, batch, module.loss_terms(), lambda s: s.backward())
+    pending.finish().backward()
+    return pending, gradients(module)
+
+
+def moved_module(tiny_model_dir, settings):
+    module = make_module(tiny_model_dir, objective=ObjectiveConfig(**settings, beta=0.1, behavior_anchor=0.3))
+    torch.manual_seed(1)
+    with torch.no_grad():  # away from the reference and the behavior: the KL terms, ratios and masks are not trivial
+        for p in module.learner.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return module
+
+
+@pytest.mark.parametrize("split", ["whole", "mixed", "split"])
+@pytest.mark.parametrize("settings", DECLARED, ids=lambda s: "+".join(map(str, s.values())))
+def test_micro_batched_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, settings, split):
+    """``whole``: the largest group's cost as the budget, every group fits, several micro-batches: one pass.
+    ``mixed``: a budget some groups fit and some do not; ``split``: 1 token, every response alone: two passes."""
+    _, tokenizer = tiny_lm
+    module = moved_module(tiny_model_dir, settings)
+    batch = module.pack(groups_of(tokenizer))
+    costs = sorted(group_costs(batch))
+    budget = {"whole": costs[-1], "mixed": costs[0], "split": 1}[split]
+    loss, expected = single_pass_gradients(module, batch)
+    pending, got = micro_batched(module, batch, budget)
+    assert pending.passes == ("one" if split == "whole" else "two")
+    assert split != "whole" or len(plan_whole_groups(batch, budget)) > 1
+    torch.testing.assert_close(pending.loss, loss, rtol=1e-6, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def count_forwards(model) -> list[int]:
+    """One entry per forward of ``model`` (its input embeddings run once per forward)."""
+    calls = []
+    model.get_input_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_an_objective_without_a_declared_denominator_takes_two_passes(tiny_model_dir, tiny_lm, monkeypatch):
+    """A plugin's objective declares nothing: two passes, two forwards per micro-batch, even where groups fit whole;
+    the declared one takes one forward per micro-batch. Both equal the single pass."""
+    _, tokenizer = tiny_lm
+    module = moved_module(tiny_model_dir, {"name": "ggpo"})
+    batch = module.pack(groups_of(tokenizer))
+    budget = max(group_costs(batch))
+    micro_batches = len(plan_whole_groups(batch, budget))
+    _, expected = single_pass_gradients(module, batch)
+    calls = count_forwards(module.learner)
+    pending, declared = micro_batched(module, batch, budget)
+    assert pending.passes == "one" and len(calls) == micro_batches
+    calls.clear()
+    monkeypatch.setattr(module, "objective", replace(module.objective, name="plugin", denominator=None))
+    pending, undeclared = micro_batched(module, batch, budget)
+    assert pending.passes == "two" and len(calls) == 2 * len(plan_step(batch, budget))
+    for one, two, e in zip(declared, undeclared, expected):
+        torch.testing.assert_close(one, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(two, e, rtol=1e-4, atol=1e-6)
+
+
+def test_one_pass_metrics_inputs_equal_the_single_pass(tiny_model_dir, tiny_lm):
+    """What the step's metrics are computed from (the learner's token log-probs and the objective's inputs) is the
+    whole step's, as in the single pass."""
+    _, tokenizer = tiny_lm
+    module = moved_module(tiny_model_dir, {"name": "grpo"})
+    batch = module.pack(groups_of(tokenizer))
+    with torch.no_grad():
+        whole = batch_token_logprobs(module.learner, batch, 64)
+        _, inputs = module.step_loss(batch, whole)
+    pending = StepPasses(max(group_costs(batch)), 64).run(module.learner, batch, module.loss_terms(),
+                                                          lambda s: s.backward())
+    assert pending.passes == "one"
+    torch.testing.assert_close(pending.token_logp, whole, rtol=1e-5, atol=1e-6)
+    for name in ("logp", "ref_logp", "token_logp", "behavior_logp"):
+        torch.testing.assert_close(getattr(pending.inputs, name), getattr(inputs, name), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_with_fewer_one_pass_micro_batches_pads_with_empty_ones(tiny_model_dir, tiny_lm, monkeypatch):
+    """Another rank needs 2 more micro-batches: this one runs 2 empty ones (group 0, zero weight), and its gradient
+    is unchanged."""
+    import ggpo_lightning.core.microbatch as microbatch
+
+    _, tokenizer = tiny_lm
+    module = make_module(tiny_model_dir, objective=ObjectiveConfig(behavior_anchor=0.3))
+    batch = module.pack(groups_of(tokenizer))
+    budget = max(group_costs(batch))
+    own = len(plan_whole_groups(batch, budget))
+    pending, alone = micro_batched(module, batch, budget)
+    calls = count_forwards(module.learner)
+    monkeypatch.setattr(microbatch, "max_across_ranks", lambda value, device: value + 2 if value > 1 else value)
+    pending, padded = micro_batched(module, batch, budget)
+    assert pending.passes == "one" and len(calls) == own + 2
+    for got, want in zip(padded, alone):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

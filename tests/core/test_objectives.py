@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ggpo_lightning.core.objectives import (
+    IS_MODES,
     ObjectiveConfig,
     ObjectiveInputs,
     agro_loss,
@@ -347,3 +348,62 @@ def test_an_objective_from_one_file_trains_without_touching_the_module(tiny_mode
         assert any(not torch.equal(a, b) for a, b in zip(before, module.learner.parameters()))
     finally:
         objectives._OBJECTIVES.pop("rloo", None)
+
+
+# ----------------------------------------------------------------------------- declared denominators
+
+DECLARED_SETTINGS = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo")]
+                     + [{"name": "grpo", "importance_sampling": mode} for mode in IS_MODES]
+                     + [{"name": "grpo", "off_policy_mask_threshold": 0.05}])
+
+
+@pytest.mark.parametrize("settings", DECLARED_SETTINGS, ids=lambda s: "+".join(map(str, s.values())))
+def test_a_declared_denominator_makes_group_shares_add_up_to_the_loss(settings):
+    """``loss(P) * denominator(P) / denominator(step)`` over a partition of the groups adds up to the step's loss,
+    and so do the gradients (fp64: to 1e-12), a part whose groups count nothing (one response) included."""
+    from dataclasses import fields, replace
+
+    from ggpo_lightning.core.objectives import ObjectiveInputs, get_objective
+
+    objective, config = get_objective(settings["name"]), ObjectiveConfig(**settings, beta=0.1)
+    g = torch.Generator().manual_seed(3)
+    G, K, T = 5, 4, 6
+    lengths = torch.randint(1, T + 1, (G, K), generator=g)  # [G, K]
+    mask = torch.ones(G, K, dtype=torch.bool)
+    mask[1, 1:] = False  # a group with one response: nothing to contrast
+    mask[3, 3] = False
+    token_mask = (torch.arange(T) < lengths.unsqueeze(-1)) & mask.unsqueeze(-1)  # [G, K, T]
+    token_logp = (-torch.rand(G, K, T, generator=g, dtype=torch.float64)).requires_grad_()
+    # far enough from the learner that truncation, masks and the off-policy mask act on some tokens and responses
+    behavior = token_logp.detach() + 1.5 * torch.randn(G, K, T, generator=g, dtype=torch.float64)
+    ref = token_logp.detach() + 0.1 * torch.randn(G, K, T, generator=g, dtype=torch.float64)
+    rewards = torch.randint(0, 2, (G, K), generator=g).double()
+
+    def inputs_of(lp: torch.Tensor) -> ObjectiveInputs:
+        zero = torch.zeros((), dtype=lp.dtype)
+        lp = torch.where(token_mask, lp, zero)
+        return ObjectiveInputs(logp=lp.sum(-1), rewards=rewards, mask=mask,
+                               ref_logp=torch.where(token_mask, ref, zero).sum(-1), token_logp=lp,
+                               token_mask=token_mask, ref_token_logp=torch.where(token_mask, ref, zero),
+                               behavior_token_logp=torch.where(token_mask, behavior, zero))
+
+    whole = objective.loss(inputs_of(token_logp), config)
+    (expected,) = torch.autograd.grad(whole, token_logp)
+    total = objective.denominator(mask, lengths)
+    shares = []
+    for part in ([0, 3], [1], [2, 4]):
+        x = inputs_of(token_logp)
+        x = replace(x, **{f.name: getattr(x, f.name)[part] for f in fields(x) if getattr(x, f.name) is not None})
+        own = objective.denominator(mask[part], lengths[part])
+        shares.append(objective.loss(x, config) * own / total.clamp(min=1))
+    assert float(objective.denominator(mask[[1]], lengths[[1]])) == 0
+    (got,) = torch.autograd.grad(sum(shares), token_logp)
+    torch.testing.assert_close(sum(shares), whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert whole.abs() > 0
+
+
+def test_a_plugin_objective_declares_no_denominator_by_default():
+    from ggpo_lightning.core.objectives import Objective
+
+    assert Objective("plugin", lambda x, c: x.logp.sum(), "sequence").denominator is None

@@ -184,12 +184,14 @@ def test_two_processes_train_as_one_on_the_same_groups(workload, single, two_pro
     assert_same_weights({k: v for k, v in evaluated.state_dict().items() if k in final}, final)
 
 
+@pytest.mark.parametrize("budget", ["16", "4096"])
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_micro_batched_ranks_train_as_one_single_pass_process(workload, single, strategy):
-    """Two ranks with a budget of 16 tokens (one or two responses per micro-batch, groups split across them) end
-    where the single process without micro-batching did; unequal counts are padded (tests/core/test_microbatch.py)."""
-    run = train(workload, f"{strategy}-micro", *(FSDP if strategy == "fsdp" else DDP),
-                overrides=("--model.micro_batch.max_tokens", "16"))
+def test_micro_batched_ranks_train_as_one_single_pass_process(workload, single, strategy, budget):
+    """Two ranks with a budget of 16 tokens (one or two responses per micro-batch, groups split across them: two
+    passes) or 4096 (whole groups: one pass) end where the single process without micro-batching did; unequal counts
+    are padded (tests/core/test_microbatch.py)."""
+    run = train(workload, f"{strategy}-micro-{budget}", *(FSDP if strategy == "fsdp" else DDP),
+                overrides=("--model.micro_batch.max_tokens", budget))
     torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(losses(single)), rtol=1e-5, atol=1e-6)
     assert_same_weights(weights(run), weights(single), atol=1e-5)
 

@@ -1,5 +1,6 @@
-"""A micro-batched run trains as the single-pass run: the same losses and the same weights at the same seed, down
-to a budget smaller than one group; gradient clipping sees the accumulated gradients. With asynchronous rollouts
+"""A micro-batched run trains as the single-pass run: the same losses and the same weights at the same seed, in one
+pass (whole groups) and in two (a budget smaller than one group); gradient clipping sees the accumulated gradients;
+a non-finite loss found after a one-pass step's backwards skips the step, its gradients dropped. With asynchronous rollouts
 (whose sampled responses depend on timing) each update's accumulated gradient equals the single-pass gradient of
 the same step's batch."""
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+
+from dataclasses import replace
 
 from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.core.objectives import ObjectiveConfig
@@ -35,15 +38,24 @@ def run(tiny_model_dir, data_dir, name, max_tokens, **trainer_kwargs) -> Record:
                          micro_batch=MicroBatchConfig(max_tokens=max_tokens),
                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
     record = Record()
+    record.passes = passes_taken(module)
     fit(module, make_data(data_dir), steps=3, callbacks=[record], **trainer_kwargs)
     return record
 
 
+def passes_taken(module) -> list[str]:
+    """The form of each of ``module``'s steps, as they run: ``whole``, ``one`` or ``two`` (passes)."""
+    taken, run_step = [], module.passes.run
+    module.passes.run = lambda *args: taken.append((pending := run_step(*args)).passes) or pending
+    return taken
+
+
 @pytest.mark.parametrize("name", ["ggpo", "grpo"])
-@pytest.mark.parametrize("max_tokens", [48, 7])  # whole and split groups; smaller than any response
+@pytest.mark.parametrize("max_tokens", [48, 7])  # whole groups (one pass); smaller than any response (two passes)
 def test_micro_batched_training_matches_the_single_pass(tiny_model_dir, data_dir, name, max_tokens):
     single = run(tiny_model_dir, data_dir, name, None, gradient_clip_val=1.0)
     micro = run(tiny_model_dir, data_dir, name, max_tokens, gradient_clip_val=1.0)
+    assert single.passes == ["whole"] * 3 and micro.passes == ["one" if max_tokens == 48 else "two"] * 3
     assert len(single.losses) == len(micro.losses) == 3
     assert micro.losses == pytest.approx(single.losses, rel=1e-5, abs=1e-5)
     for n, value in single.first_update.items():
@@ -68,16 +80,16 @@ class SinglePassGradient(L.Callback):
 
 def test_async_micro_batched_updates_take_the_single_pass_gradient_of_their_batch(tiny_model_dir, data_dir,
                                                                                    monkeypatch):
-    from ggpo_lightning.training import module as module_file
+    from ggpo_lightning.core import microbatch
 
     plans = []
-    two_pass_loss = module_file.two_pass_loss
+    two_pass_loss = microbatch.two_pass_loss
 
     def counted(learner, batch, plan, *args):
         plans.append(len(plan))
         return two_pass_loss(learner, batch, plan, *args)
 
-    monkeypatch.setattr(module_file, "two_pass_loss", counted)
+    monkeypatch.setattr(microbatch, "two_pass_loss", counted)
     torch.manual_seed(0)
     rollout = RolloutConfig(k=4, schedule="async", async_worker="thread", max_staleness=1,
                             sampling=SamplingConfig(max_new_tokens=3))
@@ -92,6 +104,31 @@ def test_async_micro_batched_updates_take_the_single_pass_gradient_of_their_batc
         assert any(g.abs().sum() > 0 for g in single)
         for a, b in zip(accumulated, single):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_non_finite_loss_after_one_pass_backwards_skips_the_step_and_drops_its_gradients(tiny_model_dir, data_dir,
+                                                                                            monkeypatch):
+    """In one pass the loss is known only after the micro-batches' backwards: a non-finite one still skips the step
+    (no parameter moves, the gradients accumulated are dropped, the NaN guard counts it)."""
+    module = make_module(tiny_model_dir, max_nan_steps=2, micro_batch=MicroBatchConfig(max_tokens=48))
+    before = {n: p.detach().clone() for n, p in module.learner.named_parameters()}
+    real_loss = module.objective.loss
+    monkeypatch.setattr(module, "objective", replace(module.objective, loss=lambda x, c: real_loss(x, c) * float("nan")))
+    passes, accumulated, skip = passes_taken(module), [], module._skip_nan_step
+
+    def skip_step():
+        accumulated.append(any(p.grad is not None for p in module.learner.parameters()))
+        return skip()
+
+    monkeypatch.setattr(module, "_skip_nan_step", skip_step)
+    left = []
+    after = type("After", (L.Callback,), {"on_train_batch_end": lambda self, trainer, pl_module, *a: left.append(
+        [p.grad for p in pl_module.learner.parameters() if p.grad is not None])})()
+    trainer = fit(module, make_data(data_dir), steps=5, callbacks=[after])
+    assert passes == ["one", "one"] and accumulated == [True, True]  # the backwards had run
+    assert module.nan_guard.total == 2 and trainer.global_step == 2 and trainer.should_stop
+    assert left == [[], []]  # dropped
+    assert all(torch.equal(p, before[n]) for n, p in module.learner.named_parameters())
 
 
 def test_a_negative_budget_is_an_error_naming_the_key(tiny_model_dir):
