@@ -17,6 +17,8 @@ Nothing here imports vLLM; torch is imported only to ask whether CUDA is availab
 
 from __future__ import annotations
 
+import json
+
 import atexit
 import http.client
 import importlib.metadata
@@ -31,10 +33,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["CPU_WEIGHT_BACKEND", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "serve_command", "serve_env",
-           "split_devices", "weight_transfer_backend"]
+           "split_devices", "vllm_flags", "weight_transfer_backend"]
 
 CPU_WEIGHT_BACKEND = "ggpo_gloo"
 """The weight-transfer backend on machines without CUDA: a vLLM general plugin registered by this package."""
@@ -130,6 +132,21 @@ def serve_env(base: Mapping[str, str], *, devices: Sequence[int] | None = None, 
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
+
+
+def vllm_flags(args: Mapping[str, Any]) -> list[str]:
+    """``model.rollout.vllm_args`` as ``vllm serve`` flags: ``{"max_model_len": 512, "enable_prefix_caching": false}``
+    -> ``--max-model-len 512 --no-enable-prefix-caching``; true is the bare flag, lists and dicts go as JSON."""
+    flags = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + flag[2:])
+        else:
+            flags += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return flags
 
 
 def split_devices(devices: Sequence[int], count: int) -> list[list[int]]:
@@ -270,14 +287,16 @@ class LocalFleet:
     user's vLLM arguments, given to every server (:func:`serve_command`).
     """
 
-    def __init__(self, model: str, count: int, *, log_dir: Path, dtype: str | None = None, seed: int = 0,
+    def __init__(self, model: str, count: int, *, log_dir: Path | None, dtype: str | None = None, seed: int = 0,
                  max_lora_rank: int | None = None, devices: list[list[int]] | None = None,
                  extra_args: Sequence[str] = (), start_timeout: float = 300) -> None:
         if count < 1:
             raise ValueError(f"a fleet needs at least one server, got {count}")
         if devices is not None and len(devices) != count:
             raise ValueError(f"model.rollout.server_devices: {len(devices)} GPU shares for {count} servers")
-        self.model, self.count, self.log_dir = model, count, Path(log_dir)
+        self.model, self.count = model, count
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        """Where the servers' logs go (the run's own folder; may be set after construction, before :meth:`start`)."""
         self.start_timeout = start_timeout
         self._settings = dict(dtype=dtype, max_lora_rank=max_lora_rank, extra_args=tuple(extra_args))
         self._seed, self._devices = seed, devices
@@ -293,6 +312,9 @@ class LocalFleet:
         """Start every server and wait until all answer ``/health`` (see the class)."""
         if self.servers:
             raise RuntimeError("this fleet is already started")
+        if self.log_dir is None:
+            raise ValueError("the fleet has no log_dir: set it to a folder of the run before start()")
+        self.log_dir = Path(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ports = _free_ports("127.0.0.1", self.count)
         self.servers = [self._server(i, port) for i, port in enumerate(ports)]
