@@ -18,20 +18,9 @@ def recorded(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-ENGINES = {
-    "hf": ("tiny_model_dir", ()),
-    # the separate vLLM engine (what async runs vLLM with); vLLM's CPU attention needs head size 32
-    "vllm": ("wide_tiny_model_dir", ("--model.rollout.engine", "vllm", "--model.rollout.vllm_placement", "separate",
-                                     "--model.rollout.vllm_args", '{"max_model_len": 64}')),
-}
-
-
-@pytest.mark.slow  # two ggpo-train processes: about 30 s (HF engine)
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_path, fault_data, engine, request):
-    model_fixture, engine_args = ENGINES[engine]
-    tiny_model_dir = request.getfixturevalue(model_fixture)
-    async_engine = (*ASYNC, *engine_args)
+@pytest.mark.slow  # two ggpo-train processes: about 30 s
+def test_kill_9_then_resume_restores_the_queued_batches_and_their_versions(tmp_path, fault_data, tiny_model_dir):
+    async_engine = ASYNC
     killed = tmp_path / "killed.jsonl"
     code, out = run(train_args(tmp_path / "runs", tiny_model_dir, fault_data, *async_engine), "kill_step=3",
                     f"record_batches={killed}")
