@@ -1,5 +1,5 @@
-"""A spawned child process answering requests over a pipe: the plumbing of the rollout engines that generate in a
-process of their own (:mod:`~ggpo_lightning.rollouts.child_engine`, :mod:`~ggpo_lightning.rollouts.vllm_separate`).
+"""A spawned child process answering requests over a pipe: the plumbing of the HF engine that generates in a process
+of its own (:mod:`~ggpo_lightning.rollouts.child_engine`, the async schedule's worker).
 
 The parent sends a request and waits for its reply on the pipe (the GIL released meanwhile);
 the child answers ``("ok", result)`` or ``("error", traceback)`` and keeps serving. A child

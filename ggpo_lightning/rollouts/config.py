@@ -126,11 +126,8 @@ class RolloutConfig:
         return errors + self._async_errors()
 
     def _server_errors(self) -> list[str]:
-        if self.engine != "vllm_server":
-            return [f"model.rollout.{key} is for model.rollout.engine: vllm_server; the engine is {self.engine!r}"
-                    for key, is_set in (("servers", self.servers is not None),
-                                        ("server_devices", self.server_devices is not None),
-                                        ("in_flight_updates", self.in_flight_updates is not None)) if is_set]
+        if self.engine != "vllm_server":  # left unused, as vllm_args: --model.rollout.engine hf alone falls back
+            return []
         errors = []
         if self.servers is None or self.servers == []:
             errors.append("model.rollout.engine: vllm_server needs model.rollout.servers: a list of URLs "

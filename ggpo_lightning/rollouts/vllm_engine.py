@@ -5,8 +5,8 @@
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a weight sync streams the learner's tensors
 straight into vLLM's model, one ``(name, tensor)`` pair at a time, without a second full
 copy in host memory and without serialization.
-The same engine also runs in a process of its own, on its own GPU
-(``model.rollout.vllm_placement: separate``, :mod:`~ggpo_lightning.rollouts.vllm_separate`).
+Generation in processes of their own, on devices or machines of their own, is vLLM's own server
+(``model.rollout.engine: vllm_server``, :mod:`~ggpo_lightning.rollouts.vllm_server`).
 
 - Built lazily, at the first rollout or sync (after Lightning placed the process on its
   device), from the learner's saved folder (``model_name_or_path``) in the rollout's

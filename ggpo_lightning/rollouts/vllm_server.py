@@ -49,7 +49,7 @@ from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, 
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.rollouts.vllm_engine import draw_seeds
 
-__all__ = ["ServerCounts", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
+__all__ = ["ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,11 @@ IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
 
 class ServersUnavailable(RunAborted):
     """No vLLM server could be used for ``server_timeout`` seconds."""
+
+
+class ServerReset(RuntimeError):
+    """A server's response came from weights the engine never pushed (it restarted unnoticed): taken out, the
+    request sent elsewhere."""
 
 
 @dataclass
@@ -207,8 +212,9 @@ class VLLMServerEngine(SyncedOnResume):
 
     @property
     def alive(self) -> int:
-        """Servers in use."""
-        return sum(s.alive and s.synced for s in self.servers)
+        """Servers in the fleet: answering, and not taken out since their last push (one in the middle of a push
+        counts)."""
+        return sum(s.alive and not s.failed for s in self.servers)
 
     def load_weights(self, learner: Weights, version: int) -> None:
         """Push the learner's weights, tagged ``version``, to every server that answers (see the module docstring).
@@ -229,7 +235,8 @@ class VLLMServerEngine(SyncedOnResume):
                     server.synced = True
         if processes > 1:
             torch.distributed.barrier()
-        self.counts.push_seconds += time.perf_counter() - start
+        with self._lock:
+            self.counts.push_seconds += time.perf_counter() - start
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
         """``n`` samples per prompt, one seeded request per prompt, spread over the servers."""
@@ -259,7 +266,7 @@ class VLLMServerEngine(SyncedOnResume):
         while True:
             server = self._take_server()
             try:
-                reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
+                generation = self._generation(prompt, self._post(server, GENERATE_ROUTE, body, self.request_timeout))
             except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
                 self._fail(server, error)
                 failed_once = True
@@ -272,7 +279,7 @@ class VLLMServerEngine(SyncedOnResume):
                     self._lock.notify_all()
             if failed_once:
                 log.debug("a request succeeded on %s after a retry", server.url)
-            return self._generation(prompt, reply)
+            return generation
 
     def _generation(self, prompt: list[int], reply: dict[str, Any]) -> Generation:
         choices = sorted(reply["choices"], key=lambda c: c["index"])
@@ -384,16 +391,25 @@ class VLLMServerEngine(SyncedOnResume):
                 self.counts.resyncs += 1
 
     def _gloo_or_nccl(self, url: str):
-        """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs, ``ggpo_gloo`` elsewhere."""
+        """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs (vLLM's own; a group of
+        this process and the server's worker), ``ggpo_gloo`` elsewhere (:mod:`~ggpo_lightning.rollouts.vllm_transfer`).
+        One group per server: a server that dies breaks its own group only."""
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from ggpo_lightning.rollouts import vllm_transfer
 
-        vllm_transfer.register()
         client = HTTPVLLMWeightSyncClient(url, timeout=self.request_timeout)
-        info = vllm_transfer.GlooTrainerInitInfo(rank=0, master_address=_local_address(url),
-                                                 timeout_seconds=self.request_timeout)
+        address = _local_address(url)
+        if torch.cuda.is_available():  # not run yet: no GPU session has had vLLM (docs/PERFORMANCE.md)
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            info = NCCLTrainerInitInfo(rank=0, master_address=address, master_port=_free_port(address),
+                                       world_size=2)
+        else:
+            vllm_transfer.register()
+            info = vllm_transfer.GlooTrainerInitInfo(rank=0, master_address=address,
+                                                     timeout_seconds=self.request_timeout)
         return WeightTransferTrainerFactory.trainer_init(info, client=client, source=WeightsSource([]))
 
     def _drop_transfer(self, server: _Server) -> None:
@@ -458,11 +474,19 @@ def server_errors(url: str, tokenizer, context: int, timeout: float = 10.0) -> l
 
 
 def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:
-    """``[first, last]`` version of a response's weight-version spans (``default`` when the server gave none)."""
+    """``[first, last]`` version of a response's weight-version spans (``default`` when the server gave none).
+
+    Raises:
+        ServerReset: a span is not one of the engine's versions (vLLM's ``"default"``: the server restarted since
+            its last push, with the folder's weights).
+    """
     if not spans:
         return [default, default]
-    versions = [int(span["version"]) for span in spans]
-    return [versions[0], versions[-1]]
+    labels = [str(span["version"]) for span in spans]
+    if not all(label.isdigit() for label in labels):
+        raise ServerReset(f"the server answered with weights of version {labels[0]!r}, not a pushed one: it "
+                          "restarted since the last push")
+    return [int(labels[0]), int(labels[-1])]
 
 
 def _local_address(url: str) -> str:
@@ -476,6 +500,14 @@ def _local_address(url: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the interface that routes to the server
         probe.connect((host, 9))
         return probe.getsockname()[0]
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def _short(error: BaseException) -> str:

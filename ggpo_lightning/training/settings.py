@@ -7,7 +7,7 @@ import typing
 from typing import Any
 
 from ggpo_lightning.core.microbatch import MicroBatchConfig
-from ggpo_lightning.core.objectives import ObjectiveConfig
+from ggpo_lightning.core.objectives import ObjectiveConfig, get_objective
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig
 from ggpo_lightning.models.lora import LoraSettings
@@ -39,8 +39,18 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
         errors.append(f"model.ref_refresh_every must be >= 0 (0 = never), got {ref_refresh_every}")
     if max_nan_steps < 1:
         errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
+    if rollout.engine == "vllm_server" and not rollout.server_logprobs and _uses_behavior_logp(objective.name):
+        errors.append(f"model.rollout.server_logprobs: false leaves {objective.name}'s importance ratios without the "
+                      "behavior log-probs they need; keep it true, or use an objective without them (ggpo)")
     if errors:
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def _uses_behavior_logp(name: str) -> bool:
+    try:
+        return get_objective(name).uses_behavior_logp
+    except ValueError:  # an unknown name: ObjectiveConfig.errors() says so
+        return False
 
 
 def check_model_settings(model: dict[str, Any]) -> None:

@@ -147,10 +147,15 @@ def test_two_fsdp_processes_share_the_servers(quickstart, fleet):
 
 
 def test_local_servers_start_with_the_run_and_stop_with_it(quickstart, monkeypatch):
+    """``servers: local`` starts one server of the run's model (its log in the run's folder) and stops it at the end;
+    with ``server_logprobs: false`` (servers that give none) GGPO trains the same, without the drift columns."""
     cli = train(quickstart, monkeypatch, "--model.rollout.engine", "vllm_server", "--model.rollout.servers", "local",
                 "--model.rollout.vllm_args", json.dumps({"kv_cache_memory_bytes": 64 << 20}),
+                "--model.rollout.server_logprobs", "false",
                 "--trainer.max_steps", "3", "--data.val_size", "16", "--trainer.val_check_interval", "3")
     assert summary(cli)["status"] == "completed"
+    metrics = rows(cli)
+    assert len(trained(metrics, "train/loss")) == 3 and not trained(metrics, "train/kl_behavior_k1")
     log = Path(cli.trainer.log_dir) / "servers" / "server-0.log"
     assert log.exists()  # the server's log in the run's own folder
     fleet = cli.model.engine.fleet

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.training.settings import check_model_settings
 
 
 def test_server_settings_name_their_keys():
@@ -13,8 +17,16 @@ def test_server_settings_name_their_keys():
     assert "needs model.rollout.servers" in RolloutConfig(engine="vllm_server").errors()[0]
     assert "must be a list of URLs, local or local:N" in RolloutConfig(engine="vllm_server", servers="local:0").errors()[0]
     assert "servers[0] must be a URL" in RolloutConfig(engine="vllm_server", servers=["a:8000"]).errors()[0]
-    assert "is for model.rollout.engine: vllm_server" in RolloutConfig(servers="local").errors()[0]
+    # unused by the other engines (as vllm_args): --model.rollout.engine hf alone runs a server recipe without vLLM
+    assert RolloutConfig(servers="local:4", server_devices=[4, 5, 6, 7], server_logprobs=False).errors() == []
     assert "in_flight_updates must be one of ['keep', 'drain']" in RolloutConfig(
         engine="vllm_server", servers="local", in_flight_updates="abort").errors()[0]
     assert RolloutConfig().in_flight_mode(uses_behavior_logp=True) == "drain"
     assert RolloutConfig().in_flight_mode(uses_behavior_logp=False) == "keep"
+
+
+def test_server_logprobs_off_is_refused_for_an_objective_with_importance_ratios():
+    rollout = {"engine": "vllm_server", "servers": "local", "server_logprobs": False}
+    check_model_settings({"objective": {"name": "ggpo"}, "rollout": rollout})  # GGPO needs none
+    with pytest.raises(SettingsError, match="model.rollout.server_logprobs: false leaves grpo's importance ratios"):
+        check_model_settings({"objective": {"name": "grpo"}, "rollout": rollout})

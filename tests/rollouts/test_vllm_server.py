@@ -170,6 +170,24 @@ def test_a_killed_server_costs_retries_and_comes_back_re_synced(fleet, learner, 
     engine.close()
 
 
+def test_a_server_restarted_unnoticed_is_taken_out_not_trusted(fleet, learner, tok, caplog):
+    """A server that restarted between two requests answers with the folder's weights (vLLM's version "default"):
+    its responses are refused, it is taken out and the requests go to the other server."""
+    engine = engine_for(fleet.urls, tok)
+    engine.load_weights(learner, version=4)
+    fleet.restart(1)  # behind the engine's back: no request of its failed
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    with caplog.at_level(logging.WARNING):
+        generations = engine.generate(prompts, 2, SamplingConfig(max_new_tokens=4))
+    assert all(g.versions == [[4, 4], [4, 4]] for g in generations)  # every response from pushed weights
+    assert engine.take_metrics()["servers_alive"] == 1
+    assert any(fleet.urls[1] in r.getMessage() and "ServerReset" in r.getMessage() for r in caplog.records)
+    engine.load_weights(learner, version=5)  # and it is back after the next push
+    assert engine.take_metrics() | {"weight_push_seconds": 0} == {"servers_alive": 2, "server_retries": 0,
+                                                                   "server_resyncs": 1, "weight_push_seconds": 0}
+    engine.close()
+
+
 def test_with_every_server_gone_the_engine_stops_naming_each(tok, learner):
     from ggpo_lightning.rollouts.vllm_server import ServersUnavailable
 
