@@ -125,3 +125,52 @@ def test_under_fsdp2_the_estimate_counts_the_hf_engines_own_copy(tmp_path, qwen3
             run_training(recipe_args(tmp_path / name, qwen3_model_dir, "--model.rollout.engine", "hf",
                                      "--model.rollout.sync_every", "1", "--model.rollout.dtype", "null", *strategy))
     assert shares == {"auto": True, "fsdp2": False}
+
+
+FLEET_RECIPE = RECIPES / "qwen3-1.7b-math-fleet.yaml"
+FLEET_FALLBACK = ("--model.rollout.engine", "hf", "--model.rollout.servers", "null",
+                  "--model.rollout.server_devices", "null")
+"""The fleet recipe without vLLM: the HF engine on the training GPUs (the server keys belong to vllm_server)."""
+
+
+def test_the_fleet_recipe_serves_on_gpus_of_its_own_one_server_each():
+    """qwen3-1.7b-math-fleet: 4 training GPUs (0-3, FSDP2) and 4 local vLLM servers, one GPU each, apart from them."""
+    from ggpo_lightning.rollouts.config import RolloutConfig
+    from ggpo_lightning.rollouts.vllm_servers import split_devices
+
+    recipe = yaml.safe_load(FLEET_RECIPE.read_text())
+    trainer, rollout = recipe["trainer"], recipe["model"]["rollout"]
+    assert trainer["devices"] == trainer["strategy"]["init_args"]["data_parallel_size"] == 4
+    assert rollout["engine"] == "vllm_server" and rollout["servers"] == "local:4"
+    config = RolloutConfig(**{**rollout, "sampling": None})
+    assert config.errors() == [] and config.local_servers == 4
+    shares = split_devices(rollout["server_devices"], config.local_servers)
+    assert shares == [[4], [5], [6], [7]]
+    assert not set(rollout["server_devices"]) & set(range(trainer["devices"]))  # Lightning's GPUs 0..devices-1
+    assert "vllm_args" not in rollout  # no colocated share: the servers take vLLM's default on their own GPUs
+    assert recipe["data"]["prompts_per_step"] % trainer["devices"] == 0
+    assert " ".join(FLEET_FALLBACK) in FLEET_RECIPE.read_text().replace("\n#", "").replace("  ", " ")
+
+
+def test_the_fleet_recipe_trains_what_the_8gpu_recipe_trains():
+    """Only where it runs differs from qwen3-1.7b-math-8gpu: devices, the engine and its servers, the micro-batch
+    budget (no vLLM share on the training GPUs) and the run's name."""
+    fleet, eight = (yaml.safe_load(p.read_text()) for p in (FLEET_RECIPE, RECIPES / "qwen3-1.7b-math-8gpu.yaml"))
+    for recipe in (fleet, eight):
+        recipe["model"].pop("micro_batch")
+        rollout = recipe["model"]["rollout"]
+        for key in ("engine", "servers", "server_devices", "vllm_args"):
+            rollout.pop(key, None)
+        recipe["trainer"].pop("devices")
+        recipe["trainer"]["strategy"]["init_args"].pop("data_parallel_size")
+        recipe["trainer"]["logger"]["init_args"].pop("name")
+    assert fleet == eight
+
+
+@pytest.mark.skipif(vllm_available(), reason="the error where vLLM is not installed")
+def test_without_vllm_the_fleet_recipe_names_the_engine_and_its_fallback_runs(tmp_path, qwen3_model_dir, loads):
+    with pytest.raises(SettingsError, match=r"^model\.rollout\.engine: vllm_server needs vLLM"):
+        run_training(recipe_args(tmp_path, qwen3_model_dir, recipe=FLEET_RECIPE))
+    assert not loads
+    with pytest.raises(WeightsLoaded):  # the fallback the recipe documents passes the preflight
+        run_training(recipe_args(tmp_path, qwen3_model_dir, *FLEET_FALLBACK, recipe=FLEET_RECIPE))
