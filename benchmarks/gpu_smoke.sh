@@ -194,7 +194,8 @@ if [ "$SKIP_SERVERS" != 1 ] && [ "$has_vllm" = 1 ]; then
     gpu_share=()
     [ "$ACCELERATOR" != gpu ] || gpu_share=(--gpu-memory-utilization 0.3)  # beside the trainer on GPU 0
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} HF_HUB_OFFLINE=1 timeout "$SERVERS_RUN_TIMEOUT" \
-        "$(dirname "$PY")/ggpo" serve "$WORK/model" --port "$port" --dtype bfloat16 \
+        "$PY" -c 'import sys; from ggpo_lightning.cli.main import main; sys.exit(main(prog_name="ggpo"))' \
+        serve "$WORK/model" --port "$port" --dtype bfloat16 \
         -- --max-model-len "$POSITIONS" "${gpu_share[@]}" > "$WORK/serve.log" 2>&1 &
     serve_pid=$!
     trap 'kill "$memory_poll" 2>/dev/null || true; kill -INT "$serve_pid" 2>/dev/null || true' EXIT
