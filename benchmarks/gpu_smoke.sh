@@ -17,8 +17,6 @@
 # MAX_NEW_TOKENS=1024 (the paper's; a random model runs every response to the limit) in
 # micro-batches of MICRO_TOKENS=32768 padded tokens (model.micro_batch.max_tokens; empty = one pass), and
 # ENGINE=vllm by default, as the qwen3-1.7b-math recipe (ENGINE=hf is its fallback).
-# PLACEMENT=separate runs that engine in a process of its own (model.rollout.vllm_placement),
-# VLLM_DEVICE=1 on GPU 1 (model.rollout.vllm_devices; the trainer then uses DEVICES=1, GPU 0);
 # MODE=async generates in the producer thread while the learner trains (one trainer process).
 #
 # Prints the run's summary line and, per step, train tokens/s (learner + reference forward,
@@ -28,7 +26,16 @@
 # vLLM slept (its "Sleep mode freed" lines) and the engine's weight syncs; on GPUs the peak of
 # torch.cuda.max_memory_allocated (rank 0; train/peak_memory_gb) beside the memory estimate ggpo-train
 # printed before the weights load (vLLM's share counts in the estimate and in nvidia-smi's figure).
-# Exit status is ggpo-train's.
+#
+# The vLLM-server engine (model.rollout.engine: vllm_server, docs/PERFORMANCE.md "vLLM servers (issue 41)"),
+# before the run, capped at SERVERS_TIMEOUT seconds (default 120), skipped with SKIP_SERVERS=1; without vLLM:
+# `ggpo-train --config recipes/qwen3-1.7b-math.yaml --model.rollout.engine vllm_server --model.rollout.servers
+# local:1 --print_config` prints the recipe, and the same run (no --print_config) stops in its preflight with one
+# line naming the missing vLLM, exit 2. Where vLLM is installed (`$PY -c 'import vllm'`), after the run instead,
+# capped at SERVERS_RUN_TIMEOUT seconds (default 420): `ggpo serve` of the run's model on GPU 0 (nccl weight
+# transfer, gpu_memory_utilization 0.3), then SERVER_STEPS (default 3) steps of ggpo-train on one device
+# generating on it (weights pushed over nccl at every step), then the server is stopped.
+# Exit status is ggpo-train's; 3 when it succeeded but a servers check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -60,21 +67,22 @@ MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 POSITIONS=$((MAX_NEW_TOKENS + 64 > 128 ? MAX_NEW_TOKENS + 64 : 128))  # prompt + response
 GRADIENT_CHECKPOINTING=${GRADIENT_CHECKPOINTING:-false}
 SYNC_EVERY=${SYNC_EVERY:-4}
-PLACEMENT=${PLACEMENT:-colocated}
-VLLM_DEVICE=${VLLM_DEVICE:-}
+SKIP_SERVERS=${SKIP_SERVERS:-0}
+SERVERS_TIMEOUT=${SERVERS_TIMEOUT:-120}
+SERVERS_RUN_TIMEOUT=${SERVERS_RUN_TIMEOUT:-420}
+SERVER_STEPS=${SERVER_STEPS:-3}
 MODE=${MODE:-sync}
 PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-16}
 WORK=${WORK:-$(mktemp -d /tmp/ggpo-gpu-smoke.XXXXXX)}
 mkdir -p "$WORK"
 EXTRA=${EXTRA:-}  # more ggpo-train arguments, split on spaces (e.g. EXTRA="--model.rollout.dtype bfloat16")
-echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE ($PLACEMENT${VLLM_DEVICE:+ on GPU $VLLM_DEVICE})," \
+echo "gpu_smoke: $DEVICES x $ACCELERATOR, $PRECISION, engine $ENGINE," \
      "$MODE rollouts, ${HIDDEN}x${LAYERS} model, $STEPS steps, <= $MAX_NEW_TOKENS new tokens, work dir $WORK"
 
 engine_args=()
 if [ "$ENGINE" = vllm ]; then
     engine_args=(--model.rollout.engine vllm --model.rollout.dtype bfloat16 --model.rollout.sync_every "$SYNC_EVERY"
-                 --model.rollout.vllm_args "{\"max_model_len\": $POSITIONS}" --model.rollout.vllm_placement "$PLACEMENT")
-    [ -z "$VLLM_DEVICE" ] || engine_args+=(--model.rollout.vllm_devices "[$VLLM_DEVICE]")
+                 --model.rollout.vllm_args "{\"max_model_len\": $POSITIONS}")
 elif [ "$ENGINE" != hf ]; then
     echo "gpu_smoke: unknown ENGINE=$ENGINE (hf or vllm)" >&2; exit 2
 fi
@@ -85,23 +93,62 @@ if [ "$ACCELERATOR" = gpu ]; then  # peak memory in use per GPU, whoever holds i
     trap 'kill "$memory_poll" 2>/dev/null || true' EXIT
 fi
 
+# the run's ggpo-train arguments less the engine's (the servers check below runs them with its own engine)
+run_args=(--config recipes/fsdp-cpu-2proc.yaml
+    --trainer.accelerator "$ACCELERATOR" --trainer.devices "$DEVICES"
+    --trainer.strategy.data_parallel_size "$DEVICES" --trainer.precision "$PRECISION"
+    --trainer.max_steps "$STEPS" --trainer.val_check_interval "$STEPS" --trainer.enable_progress_bar false
+    --trainer.logger.init_args.save_dir "$WORK/runs" --trainer.logger.init_args.name smoke
+    --checkpoint.every_n_train_steps "$STEPS"
+    --model.model_name_or_path "$WORK/model" --tiny_model.hidden_size "$HIDDEN"
+    --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" --tiny_model.num_kv_heads "$KV_HEADS"
+    --tiny_model.intermediate_size "$INTERMEDIATE" --tiny_model.max_position_embeddings "$POSITIONS"
+    --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8
+    --model.verifier_health.max_zero_reward_steps null
+    --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING"
+    --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64
+    --synthetic_data.seed 0
+    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE"
+    ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"})
+
+servers_failed=0
+servers_fail() { echo "gpu_smoke: servers check FAILED: $*" >&2; servers_failed=1; }
+has_vllm=0
+"$PY" -c 'import vllm' 2>/dev/null && has_vllm=1
+server_recipe=(--config recipes/qwen3-1.7b-math.yaml --model.rollout.engine vllm_server
+               --model.rollout.servers local:1 --trainer.accelerator "$ACCELERATOR" --trainer.devices 1)
+if [ "$SKIP_SERVERS" != 1 ]; then  # what runs without vLLM: the recipe prints, the preflight names the missing vLLM
+    echo "gpu_smoke: servers check (vLLM $([ $has_vllm = 1 ] && echo installed || echo 'not installed'))," \
+         "${SERVERS_TIMEOUT}s cap"
+    set +e
+    HF_HUB_OFFLINE=1 timeout "$SERVERS_TIMEOUT" "$PY" -m ggpo_lightning.cli.train "${server_recipe[@]}" --print_config \
+        > "$WORK/servers_print_config.txt" 2>&1
+    code=$?
+    set -e
+    if [ "$code" -eq 0 ] && grep -q 'engine: vllm_server' "$WORK/servers_print_config.txt" \
+            && grep -q 'servers: local:1' "$WORK/servers_print_config.txt"; then
+        echo "  --print_config with engine vllm_server, servers local:1: ok"
+    else
+        servers_fail "--print_config exit $code: $(tail -n 2 "$WORK/servers_print_config.txt")"
+    fi
+    if [ "$has_vllm" = 0 ]; then
+        set +e
+        HF_HUB_OFFLINE=1 timeout "$SERVERS_TIMEOUT" "$PY" -m ggpo_lightning.cli.train "${server_recipe[@]}" \
+            > "$WORK/servers_preflight.txt" 2>&1
+        code=$?
+        set -e
+        line=$(grep -m 1 'needs vLLM, which is not installed' "$WORK/servers_preflight.txt" || true)
+        if [ "$code" -eq 2 ] && [ -n "$line" ] && [ "$(grep -c '^ggpo-train: error' "$WORK/servers_preflight.txt")" -eq 1 ]; then
+            echo "  preflight without vLLM: exit 2, one line: ${line:0:120}..."
+        else
+            servers_fail "preflight exit $code (expected 2 and one line naming the missing vLLM):" \
+                         "$(tail -n 3 "$WORK/servers_preflight.txt")"
+        fi
+    fi
+fi
+
 set +e  # report memory and sleeps also when the run fails (e.g. out of memory)
-HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train --config recipes/fsdp-cpu-2proc.yaml \
-    --trainer.accelerator "$ACCELERATOR" --trainer.devices "$DEVICES" \
-    --trainer.strategy.data_parallel_size "$DEVICES" --trainer.precision "$PRECISION" \
-    --trainer.max_steps "$STEPS" --trainer.val_check_interval "$STEPS" --trainer.enable_progress_bar false \
-    --trainer.logger.init_args.save_dir "$WORK/runs" --trainer.logger.init_args.name smoke \
-    --checkpoint.every_n_train_steps "$STEPS" \
-    --model.model_name_or_path "$WORK/model" --tiny_model.hidden_size "$HIDDEN" \
-    --tiny_model.num_layers "$LAYERS" --tiny_model.num_heads "$HEADS" --tiny_model.num_kv_heads "$KV_HEADS" \
-    --tiny_model.intermediate_size "$INTERMEDIATE" --tiny_model.max_position_embeddings "$POSITIONS" \
-    --tiny_model.sft_steps 0 --model.rollout.sampling.max_new_tokens "$MAX_NEW_TOKENS" --model.eval.max_new_tokens 8 \
-    --model.verifier_health.max_zero_reward_steps null \
-    --model.gradient_checkpointing "$GRADIENT_CHECKPOINTING" \
-    --data.train_path "$WORK/data/train.jsonl" --data.val_path "$WORK/data/test.jsonl" --data.val_size 64 \
-    --synthetic_data.seed 0 \
-    --data.prompts_per_step $((PROMPTS_PER_DEVICE * DEVICES)) --model.rollout.schedule "$MODE" "${engine_args[@]}" \
-    ${MICRO_TOKENS:+--model.micro_batch.max_tokens "$MICRO_TOKENS"} $EXTRA \
+HF_HUB_OFFLINE=1 "$PY" -m ggpo_lightning.cli.train "${run_args[@]}" "${engine_args[@]}" $EXTRA \
     2>&1 | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 set -e
@@ -137,3 +184,53 @@ if peaks:
     print(f"peak torch.cuda.max_memory_allocated: {max(peaks):.2f} GB (rank 0); the estimate printed at start: "
           f"{estimate[0] if estimate else '?'} GB per device")
 PYEOF
+
+# where vLLM is installed: a `ggpo serve` of the run's model, and a short run generating on it (nccl on GPUs)
+if [ "$SKIP_SERVERS" != 1 ] && [ "$has_vllm" = 1 ]; then
+    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    deadline=$((SECONDS + SERVERS_RUN_TIMEOUT))
+    echo "gpu_smoke: ggpo serve $WORK/model on port $port and $SERVER_STEPS steps generating on it," \
+         "${SERVERS_RUN_TIMEOUT}s cap; server log $WORK/serve.log"
+    gpu_share=()
+    [ "$ACCELERATOR" != gpu ] || gpu_share=(--gpu-memory-utilization 0.3)  # beside the trainer on GPU 0
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} HF_HUB_OFFLINE=1 timeout "$SERVERS_RUN_TIMEOUT" \
+        "$PY" -c 'import sys; from ggpo_lightning.cli.main import main; sys.exit(main(prog_name="ggpo"))' \
+        serve "$WORK/model" --port "$port" --dtype bfloat16 \
+        -- --max-model-len "$POSITIONS" "${gpu_share[@]}" > "$WORK/serve.log" 2>&1 &
+    serve_pid=$!
+    trap 'kill "$memory_poll" 2>/dev/null || true; kill -INT "$serve_pid" 2>/dev/null || true' EXIT
+    until grep -q "^ggpo serve: http://" "$WORK/serve.log" 2>/dev/null; do
+        if ! kill -0 "$serve_pid" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then break; fi
+        sleep 2
+    done
+    if grep -q "^ggpo serve: http://" "$WORK/serve.log"; then
+        echo "  $(grep -m 1 '^ggpo serve: http://' "$WORK/serve.log") (after $((SECONDS + SERVERS_RUN_TIMEOUT - deadline)) s)"
+        set +e
+        HF_HUB_OFFLINE=1 timeout $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)) \
+            "$PY" -m ggpo_lightning.cli.train "${run_args[@]}" --trainer.devices 1 \
+            --trainer.strategy.data_parallel_size 1 --trainer.max_steps "$SERVER_STEPS" \
+            --trainer.val_check_interval "$SERVER_STEPS" --checkpoint.every_n_train_steps "$SERVER_STEPS" \
+            --trainer.logger.init_args.name servers --data.prompts_per_step "$PROMPTS_PER_DEVICE" \
+            --model.rollout.schedule sync --model.rollout.engine vllm_server --model.rollout.dtype bfloat16 \
+            --model.rollout.servers "[\"http://127.0.0.1:$port\"]" $EXTRA > "$WORK/servers_train.log" 2>&1
+        code=$?
+        set -e
+        if [ "$code" -eq 0 ]; then
+            "$PY" - "$WORK/runs/servers/version_0/metrics.csv" <<'PYEOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+push = [float(r["train/weight_push_seconds"]) for r in rows if r.get("train/weight_push_seconds")]
+rollout = [float(r["train/rollout_tokens_per_s"]) for r in rows if r.get("train/rollout_tokens_per_s")]
+print(f"  {len(rollout)} steps on the server: rollout tok/s {[round(x) for x in rollout]}, "
+      f"weight push s per step {[round(x, 3) for x in push]}")
+PYEOF
+        else
+            servers_fail "the run on the server exited $code: $(tail -n 3 "$WORK/servers_train.log")"
+        fi
+    else
+        servers_fail "ggpo serve did not come up within the cap: $(tail -n 3 "$WORK/serve.log")"
+    fi
+    kill -INT "$serve_pid" 2>/dev/null || true
+    wait "$serve_pid" 2>/dev/null || true
+fi
+[ "$servers_failed" = 0 ] || exit 3

@@ -145,6 +145,27 @@ def test_vllm_generate_times_both_engines():
     assert "ratio hf / vllm seconds:" in stdout
 
 
+@pytest.mark.vllm
+def test_vllm_servers_prints_the_generate_and_push_tables(tmp_path):
+    """``vllm_servers.py`` at toy size: one fleet of two servers of the tiny workload model for both tables; the
+    generate table has the colocated engine and 1 and 2 servers, the push table the first and later pushes to 1 and
+    2 servers with their split (the rendezvous only in the first)."""
+    pytest.importorskip("vllm")
+    stdout = run_script("vllm_servers.py", "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1",
+                        "--push-models", "tiny", "--blocks", "1", "--push-rounds", "1", "--kv-cache-mib", "64",
+                        "--work", str(tmp_path), "--json", str(tmp_path / "figures.json"), timeout=300)
+    generate = dict(re.findall(r"^\| (colocated|1 server|2 servers) \| ([\d.]+) \|", stdout, flags=re.M))
+    assert set(generate) == {"colocated", "1 server", "2 servers"} and all(float(x) > 0 for x in generate.values())
+    pushes = re.findall(r"^\| tiny \| 1\.1M \| 0\.004 \| (1 server|2 servers) \| ([\d.]+) ", stdout, flags=re.M)
+    assert [to for to, _ in pushes] == ["1 server", "2 servers"] and all(float(s) > 0 for _, s in pushes)
+    splits = dict(re.findall(r"^\| tiny \| (\d servers? (?:first|later)) \| [\d.]+ \| ([\d.]+) \|", stdout, flags=re.M))
+    assert set(splits) == {f"{to} {which}" for to in ("1 server", "2 servers") for which in ("first", "later")}
+    assert float(splits["1 server later"]) == 0 < float(splits["1 server first"])  # init: the rendezvous, once
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["generate"]["engines"]["2 servers"]["responses"] == 2 * 2
+    assert figures["push"]["tiny"]["bytes"] == 4 * 1_054_848 + 4 * 40 * 128  # fp32; the tied output layer again
+
+
 def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():
     stdout = run_script("rollout_logprobs.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
                         "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1")
