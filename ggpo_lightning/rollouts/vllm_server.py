@@ -8,7 +8,8 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   global RNG (seeded per run and rank), the sampled tokens' raw log-probs (``--logprobs-mode raw_logprobs``: the
   log-softmax at temperature 1 before top-p, the quantity the other engines record) unless
   ``model.rollout.server_logprobs: false``. Each request goes to the live, synced server with the least work
-  outstanding (requests in flight).
+  outstanding (requests in flight). A request a server refuses as malformed (HTTP 400/422) is the run's error
+  (:class:`RequestRejected`), raised at once.
 - **Versions.** The server labels every response's tokens with the weight versions that sampled them (vLLM's
   weight-version spans): each response carries ``[first, last]`` (:attr:`Generation.versions`). ``first < last``
   when a push landed while it was generated (``model.rollout.in_flight_updates: keep``).
@@ -49,7 +50,7 @@ from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, 
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.rollouts.vllm_engine import draw_seeds
 
-__all__ = ["ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
+__all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
 
 class ServersUnavailable(RunAborted):
     """No vLLM server could be used for ``server_timeout`` seconds."""
+
+
+class RequestRejected(ValueError):
+    """A server refused a request as malformed (HTTP 400/422, e.g. a prompt longer than its context): an error of the
+    run, not of the server, raised at once."""
 
 
 class ServerReset(RuntimeError):
@@ -203,7 +209,7 @@ class VLLMServerEngine(SyncedOnResume):
             self.fleet.stop()
 
     def take_metrics(self) -> dict[str, float]:
-        """``servers_alive`` (in use now), and since the last call ``server_retries``, ``server_resyncs`` and
+        """``servers_alive`` (:attr:`alive`), and since the last call ``server_retries``, ``server_resyncs`` and
         ``weight_push_seconds`` (a step's metrics)."""
         with self._lock:
             counts, self.counts = self.counts, ServerCounts()
@@ -267,6 +273,8 @@ class VLLMServerEngine(SyncedOnResume):
             server = self._take_server()
             try:
                 generation = self._generation(prompt, self._post(server, GENERATE_ROUTE, body, self.request_timeout))
+            except RequestRejected:
+                raise
             except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
                 self._fail(server, error)
                 failed_once = True
@@ -313,6 +321,9 @@ class VLLMServerEngine(SyncedOnResume):
     def _post(self, server: _Server, route: str, body: dict[str, Any] | None, timeout: float,
               params: dict[str, str] | None = None) -> Any:
         response = self._http.post(server.url + route, json=body, params=params, timeout=timeout)
+        if response.status_code in (400, 422):  # the request itself is wrong: every server would refuse it
+            raise RequestRejected(f"vLLM server {server.url} refused {route} ({response.status_code}): "
+                                  f"{response.text[:300]}")
         if response.status_code != 200:
             raise RuntimeError(f"{route} answered {response.status_code}: {response.text[:200]}")
         return response.json() if response.content else None

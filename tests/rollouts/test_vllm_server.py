@@ -188,6 +188,19 @@ def test_a_server_restarted_unnoticed_is_taken_out_not_trusted(fleet, learner, t
     engine.close()
 
 
+def test_a_request_the_servers_refuse_is_the_runs_error_not_theirs(fleet, learner, tok):
+    """A prompt longer than the servers' context is refused (HTTP 400) by every server alike: raised at once,
+    naming the server's reason, and no server is taken out."""
+    from ggpo_lightning.rollouts.vllm_server import RequestRejected
+
+    engine = engine_for(fleet.urls, tok)
+    engine.load_weights(learner, version=1)
+    with pytest.raises(RequestRejected, match=r"refused /inference/v1/generate \(400\)"):
+        engine.generate([[tok.bos_token_id] + [5] * 1000], 2, SamplingConfig(max_new_tokens=4))
+    assert engine.take_metrics()["servers_alive"] == 2
+    engine.close()
+
+
 def test_with_every_server_gone_the_engine_stops_naming_each(tok, learner):
     from ggpo_lightning.rollouts.vllm_server import ServersUnavailable
 
