@@ -27,8 +27,8 @@ from ggpo_lightning.models.checkpoint import LoraState, RunState
 from ggpo_lightning.core.distributed import broadcast_from_rank0_
 from ggpo_lightning.models.sharding import copy_weights_, full_state_items, is_sharded, shard_decoder_layers
 from ggpo_lightning.models.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
-                                 wrap)
-from ggpo_lightning.rollouts.engine import Weights
+                                 save_adapter, wrap)
+from ggpo_lightning.rollouts.engine import AdapterWeights, Weights
 
 __all__ = ["Policy"]
 
@@ -102,6 +102,16 @@ class Policy:
         if self.sharded:
             return full_state_items(self.learner)
         return self.learner if self.lora is None else plain_state_dict(self.learner, merged=True)
+
+    def adapter_weights(self) -> AdapterWeights:
+        """The LoRA learner as an engine that serves adapters loads it (:class:`AdapterWeights`): the base (the
+        original, or with the merged adapters of earlier refreshes) and the adapter. Without sharding only (LoRA is
+        refused under FSDP2)."""
+        if self.lora is None:
+            raise ValueError("adapter_weights needs a LoRA learner (model.lora)")
+        return AdapterWeights(base=lambda: plain_state_dict(self.learner, merged=False),
+                              save=lambda folder: save_adapter(self.learner, folder, "base"),
+                              base_revision=self.lora_merges)
 
     def refresh_reference(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Make the reference a copy of the learner: a new Gibbs target.

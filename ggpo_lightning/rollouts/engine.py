@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, Union, runtime_checkable
 
 import torch
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from ggpo_lightning.rollouts.config import SamplingConfig
 
-__all__ = ["Generation", "RolloutEngine", "SyncedOnResume", "Weights", "autocast_device", "cached_weight_casts",
+__all__ = ["AdapterWeights", "Generation", "RolloutEngine", "SyncedOnResume", "Weights", "autocast_device", "cached_weight_casts",
            "copy_pairs", "weight_pairs"]
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,20 @@ class Generation:
 
 Weights = Union[nn.Module, Mapping[str, Tensor], Iterable[tuple[str, Tensor]]]
 """What a rollout engine loads: a model, a state dict, or a stream of ``(name, tensor)`` pairs."""
+
+
+@dataclass
+class AdapterWeights:
+    """A LoRA learner as an engine that serves adapters takes it (vLLM servers: ``publishes_adapters``): the base,
+    pushed again only when ``base_revision`` changes (a reference refresh merged the adapter into it), and the
+    adapter, which ``save`` writes into a folder in ``peft``'s format."""
+
+    base: Callable[[], Weights]
+    """The base's weights, without the adapter (plain names)."""
+    save: Callable[[Path], None]
+    """Writes the adapter (``adapter_config.json``, ``adapter_model.safetensors``) into the folder given."""
+    base_revision: int
+    """Times an adapter was merged into the base (``Policy.lora_merges``)."""
 
 
 def weight_pairs(weights: Weights) -> Iterable[tuple[str, Tensor]]:

@@ -13,12 +13,12 @@ __all__ = ["eval_engine", "make_engine"]
 
 
 def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_or_path: str, *, lora: bool,
-                record_logprobs: bool, uses_behavior_logp: bool = False) -> RolloutEngine:
+                record_logprobs: bool, uses_behavior_logp: bool = False, lora_rank: int | None = None) -> RolloutEngine:
     """The behavior policy's engine for ``model`` (the loaded learner, before any LoRA wrapping or sharding).
 
-    - ``engine: vllm_server``: vLLM servers at ``servers`` (or local ones the engine starts), pushed ``model``'s
-      weights before the first request (:mod:`~ggpo_lightning.rollouts.vllm_server`); ``uses_behavior_logp`` picks
-      the default of ``in_flight_updates``;
+    - ``engine: vllm_server``: vLLM servers at ``servers`` (or local ones the engine starts), pushed the learner's
+      weights before the first rollout (:mod:`~ggpo_lightning.rollouts.vllm_server`); ``uses_behavior_logp`` picks
+      the default of ``in_flight_updates``; with ``lora_rank`` (a LoRA run) it publishes adapters;
     - ``engine: vllm``: a vLLM engine built from ``model_name_or_path`` in this process;
     - ``engine: hf`` with ``schedule: async`` and ``async_worker: process``: the HF engine sampling in a child
       process on shared weights (CPU);
@@ -29,9 +29,9 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
     if config.engine == "vllm_server":
         from ggpo_lightning.rollouts.vllm_server import server_engine
 
-        return server_engine(model, tokenizer, config, model_name_or_path, dtype or _dtype(model),
+        return server_engine(tokenizer, config, model_name_or_path, dtype or _dtype(model),
                              record_logprobs=record_logprobs and config.server_logprobs,
-                             in_flight_updates=config.in_flight_mode(uses_behavior_logp))
+                             in_flight_updates=config.in_flight_mode(uses_behavior_logp), lora_rank=lora_rank)
     if config.engine == "vllm":
         from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
 

@@ -26,8 +26,13 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   ``server_timeout`` seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
   ``aborted.ckpt``, and resumes from it once servers are back).
 - **Resume.** The servers' weights are never saved; a resume pushes the learner's (exact when the checkpoint was
-  taken at a sync, :class:`~ggpo_lightning.rollouts.engine.SyncedOnResume`). A new engine pushes the learner's
-  initial weights before its first request, so servers started on another checkpoint never sample for the run.
+  taken at a sync, :class:`~ggpo_lightning.rollouts.engine.SyncedOnResume`). A run pushes the learner's weights
+  before its first rollout (:attr:`VLLMServerEngine.sync_before_rollouts`), so servers started on another
+  checkpoint never sample for it.
+- **LoRA** (``lora_rank``): each publish writes the adapter into the run's ``adapters/v{version}`` folder and loads
+  it on every server (``/v1/load_lora_adapter``; requests then name it, and their version is its version); the base
+  is pushed only to a server that lacks it, and to all after a reference refresh merged an adapter into it (with
+  ``/pause?mode=wait``). The servers read the folder: the same machine, or a shared filesystem.
 """
 
 from __future__ import annotations
@@ -37,16 +42,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ggpo_lightning.core.distributed import all_gather_objects, world
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
-from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, weight_pairs
+from ggpo_lightning.rollouts.engine import AdapterWeights, Generation, SyncedOnResume, Weights, weight_pairs
 from ggpo_lightning.rollouts.health import RunAborted
 from ggpo_lightning.rollouts.vllm_engine import draw_seeds
 
@@ -99,6 +104,8 @@ class _Server:
     """vLLM's trainer-side transfer engine for this server (None until its first push, and after a failure)."""
     failed: bool = False
     """Taken out since its last push: the next push that reaches it is a re-sync."""
+    adapters: list[str] = field(default_factory=list)
+    """LoRA adapters loaded on it, oldest first (``publishes_adapters``)."""
 
 
 class WeightsSource:
@@ -128,22 +135,22 @@ class VLLMServerEngine(SyncedOnResume):
         urls: the servers' base URLs (``http://host:port``).
         tokenizer: the learner's tokenizer (responses are decoded with it; its EOS stops them).
         dtype: the serving dtype: the tensors of a push are cast to it.
-        initial_weights: the learner at version 0, pushed before the first request (dropped after).
         record_logprobs: ask for the sampled tokens' log-probs.
         request_timeout: seconds a request may take before its server is taken out.
         server_timeout: seconds without any usable server before :class:`ServersUnavailable`.
         in_flight_updates: ``keep`` or ``drain`` (``/pause`` mode around a push).
         fleet: local servers to start at :meth:`start` and stop at :meth:`close` (``servers: local:N``); their URLs
             are then the engine's.
+        lora_rank: a LoRA run's adapter rank: publish adapters (:attr:`publishes_adapters`); the servers must take
+            runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
 
     With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank waits at a
     barrier after a push.
     """
 
-    def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, initial_weights: nn.Module | None = None,
-                 record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
-                 in_flight_updates: str = "keep", fleet: Any = None,
+    def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
+                 in_flight_updates: str = "keep", fleet: Any = None, lora_rank: int | None = None,
                  transfer_init: Callable[[str], Any] | None = None) -> None:
         import requests
 
@@ -159,10 +166,19 @@ class VLLMServerEngine(SyncedOnResume):
         self.pause_mode = IN_FLIGHT_PAUSE[in_flight_updates]
         self.transfer_init = transfer_init or self._gloo_or_nccl
         self.version = 0
+        self.sync_before_rollouts = True
+        """Samples only with weights this run pushed: the run pushes the learner's before its first rollout."""
         self.loads_while_generating = True
         """A push pauses the servers itself: the async producer need not stop for it (``in_flight_updates``)."""
+        self.publishes_adapters = lora_rank is not None
+        """A LoRA run: the servers get the adapter at each publish (:class:`AdapterWeights`), the base only when it
+        changed."""
+        self.adapter_dir: Path | None = None
+        """Where published adapters are written (the run's ``adapters`` folder, set at :meth:`start`); the servers
+        read them from there: the same machine, or a shared filesystem."""
+        self._adapter: tuple[str, int] | None = None  # the adapter requests name, and its version
+        self._base_revision: int | None = None  # of the base the servers hold (AdapterWeights.base_revision)
         self.counts = ServerCounts()
-        self._initial = initial_weights
         self._lock = threading.Condition()
         self._http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=REQUEST_THREADS)  # a connection per request thread
@@ -177,12 +193,12 @@ class VLLMServerEngine(SyncedOnResume):
         return self
 
     def unshare(self) -> None:
-        """The learner is about to be sharded: push its initial weights now, while they are whole."""
-        self._push_initial()
+        """Never shares the learner's tensors: nothing to do."""
 
     def start(self, run_dir: Path) -> None:
         """Start the local servers (``servers: local:N``; their logs in ``run_dir/servers``); nothing for servers
-        given by URL. Idempotent."""
+        given by URL. A LoRA run's adapters are written under ``run_dir/adapters``. Idempotent."""
+        self.adapter_dir = Path(run_dir) / "adapters"
         if self.fleet is None or self.servers:
             return
         rank, processes = world()
@@ -228,12 +244,15 @@ class VLLMServerEngine(SyncedOnResume):
         Raises:
             ServersUnavailable: no server took them for ``server_timeout`` seconds.
         """
-        self._initial = None
         start = time.perf_counter()
-        source = WeightsSource([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(learner)])
         rank, processes = world()
-        if rank == 0:
-            self._push_all(source, version)
+        if isinstance(learner, AdapterWeights):
+            self._publish_adapter(learner, version, rank)
+        else:
+            source = self._source(learner)
+            if rank == 0:
+                self._push_all(source, version)
+            self._base_revision = 0 if self._base_revision is None else self._base_revision
         with self._lock:
             self.version = version
             if rank != 0:  # rank 0 pushed; its failures are its own to handle, the tags tell the truth
@@ -246,7 +265,6 @@ class VLLMServerEngine(SyncedOnResume):
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
         """``n`` samples per prompt, one seeded request per prompt, spread over the servers."""
-        self._push_initial()
         seeds = draw_seeds(len(prompt_ids))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="ggpo-vllm-request")
@@ -268,11 +286,15 @@ class VLLMServerEngine(SyncedOnResume):
                   "stop_token_ids": [self.tokenizer.eos_token_id], "detokenize": False,
                   "logprobs": 0 if self.record_logprobs else None}
         body = {"token_ids": prompt, "sampling_params": params, "output_mode": "tokens"}
+        adapter = self._adapter
+        if adapter is not None:  # the request is the adapter's, start to end: its version is the adapter's
+            body["model"] = adapter[0]
         failed_once = False
         while True:
             server = self._take_server()
             try:
-                generation = self._generation(prompt, self._post(server, GENERATE_ROUTE, body, self.request_timeout))
+                reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
+                generation = self._generation(prompt, reply, None if adapter is None else adapter[1])
             except RequestRejected:
                 raise
             except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
@@ -289,13 +311,14 @@ class VLLMServerEngine(SyncedOnResume):
                 log.debug("a request succeeded on %s after a retry", server.url)
             return generation
 
-    def _generation(self, prompt: list[int], reply: dict[str, Any]) -> Generation:
+    def _generation(self, prompt: list[int], reply: dict[str, Any], adapter_version: int | None) -> Generation:
         choices = sorted(reply["choices"], key=lambda c: c["index"])
         responses = [list(c["token_ids"]) for c in choices]
         logprobs = None
         if self.record_logprobs:
             logprobs = [[float(t["logprob"]) for t in c["logprobs"]["content"]] for c in choices]
-        versions = [_first_last(c.get("weight_versions"), self.version) for c in choices]
+        versions = [_first_last(c.get("weight_versions"), self.version) if adapter_version is None
+                    else [adapter_version, adapter_version] for c in choices]
         return Generation(prompt_ids=prompt, response_ids=responses,
                           responses=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
                           token_logprobs=logprobs, versions=versions)
@@ -326,11 +349,13 @@ class VLLMServerEngine(SyncedOnResume):
                                   f"{response.text[:300]}")
         if response.status_code != 200:
             raise RuntimeError(f"{route} answered {response.status_code}: {response.text[:200]}")
-        return response.json() if response.content else None
+        if "json" not in response.headers.get("content-type", ""):
+            return response.text  # the LoRA routes answer in plain text
+        return response.json()
 
     def _fail(self, server: _Server, error: BaseException) -> None:
         with self._lock:
-            if server.alive:
+            if not server.failed:  # once per failure: a server that answers again may fail its re-sync too
                 log.warning("vLLM server %s failed and is taken out until it answers again and is re-synced: %s",
                             server.url, _short(error))
             server.alive, server.synced, server.failed = False, False, True
@@ -360,9 +385,64 @@ class VLLMServerEngine(SyncedOnResume):
 
     # ------------------------------------------------------------------ weights
 
-    def _push_initial(self) -> None:
-        if self._initial is not None:
-            self.load_weights(self._initial, version=self.version)
+    def _source(self, weights: Weights) -> WeightsSource:
+        return WeightsSource([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
+
+    def _publish_adapter(self, weights: AdapterWeights, version: int, rank: int) -> None:
+        """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
+        requests still in flight), after the base where a server lacks it: a new or re-synced server, or every
+        server once a refresh merged an adapter into the base (pushed with ``/pause?mode=wait``: the requests in
+        flight run an adapter of the old base, and finish first)."""
+        if self.adapter_dir is None:
+            raise RuntimeError("the engine publishes adapters into the run's folder: call start(run_dir) first")
+        base: list[WeightsSource] = []  # materialised once, when a server needs it
+
+        def base_source() -> WeightsSource:
+            if not base:
+                base.append(self._source(weights.base()))
+            return base[0]
+
+        if weights.base_revision != self._base_revision:
+            with self._lock:
+                for server in self.servers:
+                    server.synced = False
+            self._base_revision = weights.base_revision
+        if rank != 0:
+            return
+        name, folder = f"v{version}", self.adapter_dir / f"v{version}"
+        weights.save(folder)
+        self._probe()
+        deadline = time.monotonic() + self.server_timeout
+        while True:
+            for server in self.servers:
+                if server.alive:
+                    self._publish(server, base_source, name, folder, version)
+            if any(s.synced for s in self.servers):
+                break
+            if time.monotonic() > deadline:
+                raise self._unavailable()
+            time.sleep(2.0)
+            self._probe()
+        self._adapter = (name, version)
+
+    def _publish(self, server: _Server, base: Callable[[], WeightsSource], name: str, folder: Path,
+                 version: int) -> None:
+        try:
+            if not server.synced:
+                self._push(server, base(), version, pause_mode="wait", raise_error=True)
+                for old in server.adapters:  # adapters of the old base
+                    self._post(server, "/v1/unload_lora_adapter", {"lora_name": old}, self.request_timeout)
+                server.adapters = []
+            self._post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)},
+                       self.request_timeout)
+            server.adapters.append(name)
+            while len(server.adapters) > 2:
+                self._post(server, "/v1/unload_lora_adapter", {"lora_name": server.adapters.pop(0)},
+                           self.request_timeout)
+        except RequestRejected:  # the adapter itself (its rank, its files): every server would refuse it
+            raise
+        except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
+            self._fail(server, error)
 
     def _push_all(self, source: WeightsSource, version: int) -> None:
         self._probe()
@@ -378,11 +458,12 @@ class VLLMServerEngine(SyncedOnResume):
             time.sleep(2.0)
             self._probe()
 
-    def _push(self, server: _Server, source: WeightsSource, version: int) -> None:
+    def _push(self, server: _Server, source: WeightsSource, version: int, pause_mode: str | None = None,
+              raise_error: bool = False) -> None:
         with self._lock:
             server.synced = False  # no request goes to it while its weights change
         try:
-            self._post(server, "/pause", None, self.request_timeout, params={"mode": self.pause_mode})
+            self._post(server, "/pause", None, self.request_timeout, params={"mode": pause_mode or self.pause_mode})
             try:
                 if server.transfer is None:
                     server.transfer = self.transfer_init(server.url)
@@ -392,6 +473,8 @@ class VLLMServerEngine(SyncedOnResume):
             finally:
                 self._post(server, "/resume", None, self.request_timeout)
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
+            if raise_error or isinstance(error, RequestRejected):
+                raise
             self._fail(server, error)
             return
         with self._lock:
@@ -429,8 +512,8 @@ class VLLMServerEngine(SyncedOnResume):
             transfer.shutdown()
 
 
-def server_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_or_path: str, dtype: torch.dtype, *,
-                  record_logprobs: bool, in_flight_updates: str) -> VLLMServerEngine:
+def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dtype: torch.dtype, *,
+                  record_logprobs: bool, in_flight_updates: str, lora_rank: int | None = None) -> VLLMServerEngine:
     """The engine of ``model.rollout.engine: vllm_server``: the servers at ``servers``, or ``local:N`` servers of
     ``model_name_or_path`` started at :meth:`VLLMServerEngine.start` (on ``server_devices`` when set)."""
     fleet = None
@@ -439,18 +522,19 @@ def server_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name
 
         devices = None if config.server_devices is None else split_devices(config.server_devices, config.local_servers)
         fleet = LocalFleet(model_name_or_path, config.local_servers, log_dir=None, dtype=str(dtype).removeprefix("torch."),
-                           devices=devices, extra_args=vllm_flags(config.vllm_args))
-    return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, initial_weights=model,
-                            record_logprobs=record_logprobs, request_timeout=config.request_timeout,
-                            server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet)
+                           devices=devices, extra_args=vllm_flags(config.vllm_args), max_lora_rank=lora_rank)
+    return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, record_logprobs=record_logprobs, request_timeout=config.request_timeout,
+                            server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet,
+                            lora_rank=lora_rank)
 
 
-def server_errors(url: str, tokenizer, context: int, timeout: float = 10.0) -> list[str]:
+def server_errors(url: str, tokenizer, context: int, lora_rank: int | None = None, timeout: float = 10.0) -> list[str]:
     """What keeps the server at ``url`` from serving this run, one line each (empty: none): it does not answer; its
     RL routes are off (``VLLM_SERVER_DEV_MODE=1``); it lacks a flag the trainer needs (``--enable-scale-out``,
     ``--weight-transfer-config``, ``--logprobs-mode raw_logprobs``); its context is shorter than ``context`` tokens;
-    its tokenizer is not ``tokenizer`` (the same text, other token ids). A server of another architecture is
-    refused by the first push (its weight names)."""
+    its tokenizer is not ``tokenizer`` (the same text, other token ids); a LoRA run's (``lora_rank``) server takes no
+    runtime adapters of that rank. A server of another architecture is refused by the first push (its weight
+    names)."""
     import requests
 
     url = url.rstrip("/")
@@ -479,6 +563,10 @@ def server_errors(url: str, tokenizer, context: int, timeout: float = 10.0) -> l
     if int(model.get("max_model_len") or 0) < context:
         errors.append(f"{url} serves {model.get('max_model_len')} tokens, the run needs {context} (the longest prompt "
                       "plus max_new_tokens): start it with a larger --max-model-len")
+    lora = config.get("lora_config") or {}
+    if lora_rank is not None and int(lora.get("max_lora_rank") or 0) < lora_rank:
+        errors.append(f"{url} takes no runtime LoRA adapters of rank {lora_rank}: start it with `ggpo serve --lora-rank "
+                      f"{lora_rank}` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora --max-lora-rank)")
     if tokens.status_code != 200 or tokens.json().get("tokens") != tokenizer.encode(sample, add_special_tokens=False):
         errors.append(f"{url} serves {model.get('model')!r}, whose tokenizer is not this run's model's")
     return errors

@@ -159,12 +159,16 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         # before the LoRA wrap: the engine holds (or streams into) the plain model. Behavior log-probs are recorded
         # with every group: GRPO's ratios and every objective's drift diagnostics
         engine = make_engine(model, self.tokenizer, self.rollout_config, model_name_or_path, lora=lora is not None,
-                             record_logprobs=True, uses_behavior_logp=self.objective.uses_behavior_logp)
+                             record_logprobs=True, uses_behavior_logp=self.objective.uses_behavior_logp,
+                             lora_rank=lora.r if lora else None)
         self.policy = Policy(model, lora)
         self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.staleness_limit)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.group_rollout = GroupRollout(engine, self.tokenizer, self.rollout_config, chat_template)
-        self.rollout_loop = RolloutLoop(self.rollout_config, self.group_rollout, self.policy.engine_weights)
+        # an engine that serves adapters takes the adapter alone (and the base when a refresh changed it)
+        weights = self.policy.adapter_weights if getattr(engine, "publishes_adapters", False) else \
+            self.policy.engine_weights
+        self.rollout_loop = RolloutLoop(self.rollout_config, self.group_rollout, weights)
         self.reference_cache = ReferenceLogprobCache()
         self.nan_guard = NanGuard(max_nan_steps)
 

@@ -75,7 +75,7 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
                              model.get("chat_template"))
         prompt_tokens = _longest_prompt_tokens(datamodule.train_rows + datamodule.val_rows, tokenizer,
                                                model.get("chat_template"))
-        _check_servers(model.get("rollout") or {}, tokenizer, prompt_tokens + _max_new_tokens(model))
+        _check_servers(model.get("rollout") or {}, tokenizer, prompt_tokens + _max_new_tokens(model), model.get("lora"))
         if datamodule.buffer_path is not None:
             check_buffer_tokens(datamodule.buffer_path, model_config.vocab_size)
         check_memory(run_memory_estimate(config, model_config, prompt_tokens), config.get("memory_check", True))
@@ -101,16 +101,17 @@ def _check_engine_installed(rollout: dict[str, Any]) -> None:
                             f"{VLLM_INSTALL_HINT}; or sample with the HF engine: --model.rollout.engine hf")
 
 
-def _check_servers(rollout: dict[str, Any], tokenizer: Any, context: int) -> None:
-    """``model.rollout.servers`` given as URLs: each answers, runs with the RL routes and the flags the trainer needs,
-    and serves this model's vocabulary with room for ``context`` tokens (:func:`~ggpo_lightning.rollouts.vllm_server.
+def _check_servers(rollout: dict[str, Any], tokenizer: Any, context: int, lora: dict[str, Any] | None) -> None:
+    """``model.rollout.servers`` given as URLs: each answers, runs with the RL routes and the flags the trainer needs
+    (runtime LoRA adapters for a ``lora`` run), and serves this model's vocabulary with room for ``context`` tokens (:func:`~ggpo_lightning.rollouts.vllm_server.
     server_errors`)."""
     servers = rollout.get("servers")
     if rollout.get("engine") != "vllm_server" or not isinstance(servers, list):
         return
     from ggpo_lightning.rollouts.vllm_server import server_errors
 
-    errors = [error for url in servers for error in server_errors(url, tokenizer, context)]
+    rank = build_config(LoraSettings, lora).r if lora else None
+    errors = [error for url in servers for error in server_errors(url, tokenizer, context, rank)]
     if errors:
         raise SettingsError("model.rollout.servers: " + "; ".join(errors))
 

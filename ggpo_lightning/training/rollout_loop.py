@@ -81,7 +81,7 @@ class RolloutLoop(EveryNUpdates):
         errors = self.source.run_errors(datamodule.mode, world()[1])
         if errors:
             raise SettingsError("; ".join(errors))
-        self.source.start(RunSummary.run_dir(trainer))
+        self.source.start(RunSummary.run_dir(trainer), trainer.global_step)  # a resume re-syncs at train start
         self.source.connect(datamodule.step_prompts)
         datamodule.source = self.source
         self.datamodule = datamodule

@@ -160,3 +160,22 @@ def test_local_servers_start_with_the_run_and_stop_with_it(quickstart, monkeypat
     assert log.exists()  # the server's log in the run's own folder
     fleet = cli.model.engine.fleet
     assert fleet is not None and len(fleet.servers) == 1 and not fleet.servers[0].alive  # stopped with the run
+
+
+def test_a_lora_run_publishes_adapters_to_its_local_server(quickstart, monkeypatch):
+    """The LoRA quickstart on a local server: the base is pushed once at the start, then one adapter per update
+    (``RUN_DIR/adapters/vN``), and the responses carry the adapter's version."""
+    cli = run_training(["--config", str(ROOT / "recipes" / "quickstart-lora.yaml"), "--model.model_name_or_path",
+                        str(quickstart / "runs" / "quickstart" / "tiny-model"), "--tiny_model", "null",
+                        "--synthetic_data", "null",
+                        "--data.train_path", str(quickstart / "runs" / "quickstart" / "data" / "train.jsonl"),
+                        "--data.val_path", str(quickstart / "runs" / "quickstart" / "data" / "test.jsonl"),
+                        "--trainer.logger.init_args.save_dir", str(quickstart / "runs"),
+                        "--model.rollout.engine", "vllm_server", "--model.rollout.servers", "local",
+                        "--model.rollout.vllm_args", json.dumps({"kv_cache_memory_bytes": 64 << 20}),
+                        "--trainer.max_steps", "3", "--data.val_size", "16", "--trainer.val_check_interval", "3"])
+    assert summary(cli)["status"] == "completed"
+    adapters = Path(cli.trainer.log_dir) / "adapters"
+    assert sorted(p.name for p in adapters.iterdir()) == ["v0", "v1", "v2", "v3"]
+    assert cli.model.engine.servers[0].adapters == ["v2", "v3"]  # the two newest stay loaded
+    assert trained(rows(cli), "train/staleness") == [0.0, 0.0, 0.0]

@@ -220,3 +220,59 @@ def test_the_preflight_names_what_a_server_lacks(fleet, tok):
     assert "start it with a larger --max-model-len" in short
     [gone] = server_errors("http://127.0.0.1:9", tok, 16)
     assert gone.startswith("http://127.0.0.1:9 does not answer")
+
+
+@pytest.fixture(scope="module")
+def lora_fleet(wide_tiny_model_dir, tmp_path_factory):
+    """One server that takes runtime LoRA adapters (rank 8)."""
+    from ggpo_lightning.rollouts.vllm_servers import LocalFleet
+
+    fleet = LocalFleet(str(wide_tiny_model_dir), 1, log_dir=tmp_path_factory.mktemp("lora-servers"), dtype="float32",
+                       max_lora_rank=8, extra_args=["--kv-cache-memory-bytes", str(64 << 20)])
+    fleet.start()
+    yield fleet
+    fleet.stop()
+
+
+def test_a_lora_run_publishes_the_adapter_alone_and_the_base_after_a_merge(lora_fleet, wide_tiny_model_dir, tok,
+                                                                          tmp_path):
+    """A LoRA learner's adapter reaches the server as an adapter (the base is pushed once), and the served greedy
+    tokens equal transformers' with the adapter merged; after a reference refresh merged it into the base, the base
+    is pushed again and a fresh adapter published."""
+    from ggpo_lightning.models.lora import LoraSettings, merge_and_reset, plain_state_dict
+    from ggpo_lightning.models.policy import Policy
+
+    policy = Policy(load_causal_lm(wide_tiny_model_dir, dtype="float32").eval(),
+                    LoraSettings(r=8, alpha=16.0, target_modules=["q_proj", "v_proj", "gate_proj"]))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in policy.learner.named_parameters():
+            if "lora_B" in name:  # a trained adapter, far from its zero start
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    engine = engine_for(lora_fleet.urls, tok, lora_rank=8)
+    engine.start(tmp_path)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:12]]
+    merged = load_causal_lm(wide_tiny_model_dir, dtype="float32").eval()
+
+    def expected() -> list[list[int]]:
+        merged.load_state_dict(plain_state_dict(policy.learner, merged=True))
+        return [hf_greedy(merged, tok, p, 8) for p in prompts]
+
+    engine.load_weights(policy.adapter_weights(), version=0)  # the base (the run's first push) and the adapter
+    with torch.no_grad():
+        for name, parameter in policy.learner.named_parameters():
+            if "lora_A" in name:
+                parameter.mul_(1.5)
+    engine.load_weights(policy.adapter_weights(), version=1)
+    assert (tmp_path / "adapters" / "v1" / "adapter_config.json").exists()
+    generations = engine.greedy(prompts, 8)
+    assert [g.response_ids[0] for g in generations] == expected()
+    assert all(g.versions == [[1, 1]] for g in generations)  # the adapter's version
+    assert lora_fleet.servers and engine.servers[0].adapters == ["v0", "v1"]
+
+    merge_and_reset(policy.learner)  # a reference refresh: the base changes, the adapter starts again at B = 0
+    policy.lora_merges += 1
+    engine.load_weights(policy.adapter_weights(), version=2)
+    assert engine.servers[0].adapters == ["v2"]  # the old base's adapters unloaded
+    assert [g.response_ids[0] for g in engine.greedy(prompts, 8)] == expected()
+    engine.close()

@@ -34,7 +34,7 @@ def test_the_backlog_and_the_prompt_position_are_saved_together_and_a_resume_tra
         dm.trainer = SimpleNamespace(global_step=0)
         loop = RolloutLoop(RolloutConfig(k=2, schedule="async", max_staleness=2), FakeRollout(FakeEngine()),
                            Learner().weights)
-        loop.setup(SimpleNamespace(datamodule=dm, log_dir=str(tmp_path)), None, "fit")
+        loop.setup(SimpleNamespace(datamodule=dm, log_dir=str(tmp_path), global_step=0), None, "fit")
         assert dm.source is loop.source
         return loop, dm
 
