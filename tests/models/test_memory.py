@@ -82,8 +82,8 @@ def test_the_engine_generates_while_the_learner_waits_unless_async(shape):
     assert shared.engine_resident == 0
     vllm = estimate_memory(shape, micro_batch_tokens=1, engine="vllm", vllm_memory=10**9)
     assert (vllm.engine_resident, vllm.engine_generating) == (0, 10**9)  # asleep while the learner trains
-    separate = estimate_memory(shape, micro_batch_tokens=1, engine="vllm-separate")
-    assert separate.engine_resident + separate.engine_generating == 0
+    servers = estimate_memory(shape, micro_batch_tokens=1, engine="vllm_server")  # on devices of their own
+    assert servers.engine_resident + servers.engine_generating == 0
 
 
 def test_the_advice_names_the_part_that_would_make_it_fit(shape):
