@@ -411,18 +411,7 @@ class VLLMServerEngine(SyncedOnResume):
             return
         name, folder = f"v{version}", self.adapter_dir / f"v{version}"
         weights.save(folder)
-        self._probe()
-        deadline = time.monotonic() + self.server_timeout
-        while True:
-            for server in self.servers:
-                if server.alive:
-                    self._publish(server, base_source, name, folder, version)
-            if any(s.synced for s in self.servers):
-                break
-            if time.monotonic() > deadline:
-                raise self._unavailable()
-            time.sleep(2.0)
-            self._probe()
+        self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
         self._adapter = (name, version)
 
     def _publish(self, server: _Server, base: Callable[[], WeightsSource], name: str, folder: Path,
@@ -445,12 +434,17 @@ class VLLMServerEngine(SyncedOnResume):
             self._fail(server, error)
 
     def _push_all(self, source: WeightsSource, version: int) -> None:
+        self._to_every_server(lambda server: self._push(server, source, version))
+
+    def _to_every_server(self, push: Callable[[_Server], None]) -> None:
+        """``push`` to every server that answers (each failure takes its server out), until at least one holds the
+        weights; probing the others every 2 s up to ``server_timeout``, then :class:`ServersUnavailable`."""
         self._probe()
         deadline = time.monotonic() + self.server_timeout
         while True:
             for server in self.servers:
                 if server.alive:
-                    self._push(server, source, version)
+                    push(server)
             if any(s.synced for s in self.servers):
                 return
             if time.monotonic() > deadline:
