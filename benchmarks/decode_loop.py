@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_loop.py                   # m30 shape, 256 rows, 64 tokens
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_loop.py --like DIR --run-to-end
-    .venv/bin/python benchmarks/decode_loop.py --device cuda --profile OUT/profile     # one rollout under torch.profiler
+    .venv/bin/python benchmarks/decode_loop.py --device cuda --profile OUT/profile  # + one rollout profiled
 
 A randomly initialised model (nothing downloaded): a Llama of a ``benchmarks/workload.py`` shape (``--shape``, default
 ``m30``, 33.6M parameters, the 40-token word-level vocabulary) or of the shape in ``--like``'s ``config.json`` (its
@@ -36,7 +36,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import MODELS, time_forwards  # noqa: E402  (the benchmarks' shared workload, beside this script)
+from workload import MODELS, time_forwards  # the benchmarks' shared workload, beside this script
 
 PROMPT_TOKENS = (8, 16)
 """The prompts' length range in tokens (inclusive)."""

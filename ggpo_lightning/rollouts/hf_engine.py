@@ -180,7 +180,7 @@ class SampledResponses(NamedTuple):
     (:attr:`Generation.versions`), with a ``before_step`` hook; else None."""
 
 
-StepHook = Callable[[int], "int | None"]
+StepHook = Callable[[int], int | None]
 """Called on the host before decoding step ``t`` (``t = 0``: the first sampled token); it may change the model's
 weights in place and returns their new version, or None when they did not change."""
 
@@ -204,8 +204,8 @@ def sample_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_
 
     Sampling (``do_sample``) draws from the logits divided by ``temperature``, restricted to the ``top_k`` most
     likely tokens (0: all) and the smallest set of probability ``top_p``, as transformers' warpers do; else greedy.
-    With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once per prompt and
-    repeated ``n`` times, instead of once per response: the same attention inputs, a fraction of the prompt work.
+    With ``n > 1`` the prompts' key-value cache is computed once per prompt and repeated ``n`` times, instead of
+    once per response: the same attention inputs, a fraction of the prompt work.
 
     ``before_step`` (:data:`StepHook`) is called before each decoding step and may swap the weights mid-generation
     (an in-flight update, as a server fleet does): the tokens already in the cache keep the keys and values the old
@@ -287,7 +287,10 @@ steps are spent after the last row stopped (or on stopped rows before they are d
 COMPACT_BELOW = 0.875
 """At a look, the batch and its cache keep only the rows still going when they are fewer than this fraction of the
 batch: finished rows cost a full row's compute until dropped (all of it on a CPU), and dropping costs one copy of the
-cache (``index_select``), so not for a row or two."""
+cache (``index_select``), so not for a row or two. Measured on a CPU (one thread, the m30 shape, 256 rows, 64 tokens,
+random weights, about half the rows stopping before the end): a step took about twice as long with the finished rows
+kept to the end as with this; dropping them only below 1/2, or looking at every step, gained nothing (within that
+busy machine's noise)."""
 
 
 def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_new_tokens: int, pad: int, eos: int,
@@ -324,7 +327,7 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
         cache.update(prompt_layer.keys.repeat_interleave(n, 0), prompt_layer.values.repeat_interleave(n, 0),
                      layer)  # [B, heads, P, head_dim] into positions 0 .. P - 1
     mask = attention.new_zeros((batch, width + max_new_tokens - 1))  # [B, P + T - 1]
-    mask[:, :width] = attention.repeat_interleave(n, 0)
+    mask[:, :width] = attention.repeat_interleave(n, 0)  # [B, P]
     position = positions[:, -1].repeat_interleave(n, 0)  # [b] of the last token fed
     logits = out.logits[:, -1, :].float().repeat_interleave(n, 0)  # [b, V]
     tokens = input_ids.new_full((batch, max_new_tokens), pad)  # [B, T]
@@ -334,10 +337,10 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     for t in range(max_new_tokens):
         chosen = logits.argmax(-1) if warpers is None else _draw(warpers(None, logits), rows, batch)  # [b]
         chosen = torch.where(going, chosen, pad)  # [b]
-        tokens[rows, t] = chosen
+        tokens[rows, t] = chosen  # [B, T] column t, at the rows still in the batch
         if logprobs is not None:
             picked = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1)  # [b]
-            logprobs[rows, t] = torch.where(going, picked, 0.0)
+            logprobs[rows, t] = torch.where(going, picked, 0.0)  # [B, T] column t
         going = going & (chosen != eos)  # [b]
         if t + 1 == max_new_tokens:
             break
@@ -349,7 +352,7 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
                 keep = going.nonzero().squeeze(1)  # [b']
                 cache.reorder_cache(keep)
                 rows, chosen, mask, position, going = rows[keep], chosen[keep], mask[keep], position[keep], going[keep]
-        mask[:, width + t] = 1  # the position of step t's token
+        mask[:, width + t] = 1  # [b, P + T - 1]: the position of step t's token
         position = position + 1  # [b]
         if before_step is not None:
             before_step(t + 1)
