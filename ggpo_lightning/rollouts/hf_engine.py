@@ -334,7 +334,9 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     logprobs = logits.new_zeros((batch, max_new_tokens)) if record_logprobs else None  # [B, T]
     rows = torch.arange(batch, device=input_ids.device)  # [b] each batch row's response
     going = torch.ones(batch, dtype=torch.bool, device=input_ids.device)  # [b] not finished
+    broken = torch.zeros((), dtype=torch.bool, device=input_ids.device)  # [] a going row's logits not finite
     for t in range(max_new_tokens):
+        broken = broken | (going & ~torch.isfinite(logits).all(-1)).any()  # []
         chosen = logits.argmax(-1) if warpers is None else _draw(warpers(None, logits), rows, batch)  # [b]
         chosen = torch.where(going, chosen, pad)  # [b]
         tokens[rows, t] = chosen  # [B, T] column t, at the rows still in the batch
@@ -345,7 +347,8 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
         if t + 1 == max_new_tokens:
             break
         if (t + 1) % STOP_CHECK_EVERY == 0:
-            still = int(going.sum())  # the one read-back of these steps
+            still, bad = torch.stack([going.sum(), broken.long()]).tolist()  # the one read-back of these steps
+            _check_finite(bad, t)
             if still == 0:
                 break
             if still < COMPACT_BELOW * len(going):  # finished rows leave the batch and the cache
@@ -359,7 +362,16 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None], use_cache=True,
                     **{name: cache})
         logits = out.logits[:, -1, :].float()  # [b, V]
+    _check_finite(bool(broken), t)
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+def _check_finite(broken: bool, step: int) -> None:
+    """Raise when a row still going had NaN or infinite logits by decoding step ``step``: sampled from, they would
+    give arbitrary tokens (``torch.multinomial``'s own check, which :func:`_draw` skips, raised here before)."""
+    if broken:
+        raise FloatingPointError(f"the rollout model's next-token logits are NaN or infinite (by decoding step {step}): "
+                                 "its weights or the prompts' inputs are broken; no response of this call is kept")
 
 
 def _draw(scores: Tensor, rows: Tensor, batch: int) -> Tensor:

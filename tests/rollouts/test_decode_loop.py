@@ -112,3 +112,14 @@ def test_the_engine_tags_responses_with_versions_when_a_hook_is_set(tiny_lm):
     assert engine.version == 6
     for g in generations:
         assert g.versions == [[5, 6] if len(ids) > 3 else [5, 5] for ids in g.response_ids]
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_non_finite_logits_stop_the_rollout_with_a_clear_error(tiny_lm, do_sample):
+    """The draw skips torch.multinomial's validity check (a read-back per token): NaN logits must still raise, at the
+    next stop check, rather than give arbitrary tokens."""
+    model, tok = copy.deepcopy(tiny_lm[0]), tiny_lm[1]
+    with torch.no_grad():
+        model.lm_head.weight[5].fill_(float("nan"))  # every row's logit of token 5: NaN from the first step
+    with pytest.raises(FloatingPointError, match="NaN or infinite"):
+        sample_responses(model, tok, _ragged_prompts(tok), 12, n=2, do_sample=do_sample)
