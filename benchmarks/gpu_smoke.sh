@@ -35,7 +35,12 @@
 # capped at SERVERS_RUN_TIMEOUT seconds (default 420): `ggpo serve` of the run's model on GPU 0 (nccl weight
 # transfer, gpu_memory_utilization 0.3), then SERVER_STEPS (default 3) steps of ggpo-train on one device
 # generating on it (weights pushed over nccl at every step), then the server is stopped.
-# Exit status is ggpo-train's; 3 when it succeeded but a servers check failed.
+# A torch.profiler capture of one HF-engine rollout (benchmarks/decode_loop.py --profile: PROFILE_ROWS rows, default
+# 256, of the run's model shape with random weights, PROFILE_TOKENS new tokens, default 64: the steps are alike, and
+# a trace of a thousand grows to gigabytes; on GPU 0 in fp32, the engine's default) after the run, capped at
+# PROFILE_TIMEOUT seconds (default 300), skipped with SKIP_PROFILE=1: $WORK/decode_profile/trace.json (chrome
+# trace) and key_averages.txt, and the seconds per decoding step in $WORK/decode_profile.json.
+# Exit status is ggpo-train's; 3 when it succeeded but a servers check failed, 4 when the profile failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -71,6 +76,10 @@ SKIP_SERVERS=${SKIP_SERVERS:-0}
 SERVERS_TIMEOUT=${SERVERS_TIMEOUT:-120}
 SERVERS_RUN_TIMEOUT=${SERVERS_RUN_TIMEOUT:-420}
 SERVER_STEPS=${SERVER_STEPS:-3}
+SKIP_PROFILE=${SKIP_PROFILE:-0}
+PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-300}
+PROFILE_ROWS=${PROFILE_ROWS:-256}
+PROFILE_TOKENS=${PROFILE_TOKENS:-64}
 MODE=${MODE:-sync}
 PROMPTS_PER_DEVICE=${PROMPTS_PER_DEVICE:-16}
 WORK=${WORK:-$(mktemp -d /tmp/ggpo-gpu-smoke.XXXXXX)}
@@ -233,4 +242,27 @@ PYEOF
     kill -INT "$serve_pid" 2>/dev/null || true
     wait "$serve_pid" 2>/dev/null || true
 fi
+# one rollout of the HF engine's decoding loop under torch.profiler (where its time per token goes)
+profile_failed=0
+if [ "$SKIP_PROFILE" != 1 ]; then
+    echo "gpu_smoke: torch.profiler over one HF rollout ($PROFILE_ROWS rows, <= $PROFILE_TOKENS tokens)," \
+         "${PROFILE_TIMEOUT}s cap; $WORK/decode_profile/"
+    profile_device=cpu
+    [ "$ACCELERATOR" != gpu ] || profile_device=cuda
+    set +e
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} HF_HUB_OFFLINE=1 timeout "$PROFILE_TIMEOUT" \
+        "$PY" benchmarks/decode_loop.py --like "$WORK/model" --device "$profile_device" --rows "$PROFILE_ROWS" \
+        --max-new-tokens "$PROFILE_TOKENS" --rounds 1 --threads "$(nproc)" --profile "$WORK/decode_profile" \
+        > "$WORK/decode_profile.json" 2> "$WORK/decode_profile.log"
+    code=$?
+    set -e
+    if [ "$code" -eq 0 ]; then
+        grep -E '"(seconds_per_step|forward_seconds_per_step|outside_forward_seconds_per_step)"' \
+            "$WORK/decode_profile.json" | sed 's/^/  /'
+    else
+        echo "gpu_smoke: profile FAILED (exit $code): $(tail -n 3 "$WORK/decode_profile.log")" >&2
+        profile_failed=1
+    fi
+fi
 [ "$servers_failed" = 0 ] || exit 3
+[ "$profile_failed" = 0 ] || exit 4

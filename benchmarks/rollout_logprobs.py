@@ -66,7 +66,7 @@ def main() -> None:
                                 **decoding)
 
     def scored():
-        responses, _ = sample_responses(model, tokenizer, prompts, args.max_new_tokens, args.k, **decoding)
+        responses = sample_responses(model, tokenizer, prompts, args.max_new_tokens, args.k, **decoding).responses
         repeated = [p for p in prompts for _ in range(args.k)]
         with torch.no_grad():
             return responses, response_token_logprobs(model, repeated, responses, tokenizer.pad_token_id)
@@ -79,11 +79,11 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in ways.items():
             start = time.perf_counter()
-            responses, _ = fn()
+            responses = fn()[0]
             times[name].append(time.perf_counter() - start)
             tokens = sum(len(r) for r in responses)
     torch.manual_seed(0)
-    responses, logprobs = recorded()
+    responses, logprobs, _ = recorded()
     repeated = [p for p in prompts for _ in range(args.k)]
     with torch.no_grad():
         reference = response_token_logprobs(model, repeated, responses, tokenizer.pad_token_id)

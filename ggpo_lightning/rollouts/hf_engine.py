@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (LogitsProcessor, LogitsProcessorList, StaticCache, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
 
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation, Weights, copy_pairs
 
-__all__ = ["HFGenerateEngine", "SampledTokenLogprobs", "generate_responses", "sample_responses"]
+__all__ = ["HFGenerateEngine", "SampledResponses", "SampledTokenLogprobs", "StepHook", "generate_responses",
+           "sample_responses"]
 
 
 class HFGenerateEngine:
@@ -31,7 +32,17 @@ class HFGenerateEngine:
     at every rollout: a sync after every update, the learner's precision, and a plain
     model; ``load_weights`` then only records the version. The model is put in eval mode
     for sampling and back in its previous mode after.
+
+    ``before_step`` (None by default), when set, is called before every decoding step of every
+    :meth:`generate` call (``t`` from 0 in each of its calls to :func:`sample_responses`, one per
+    ``generation_batch_size`` rows) and may swap the model's weights mid-generation, e.g. through
+    :meth:`load_weights`, which records the new version (an in-flight update, as a server fleet does).
+    The responses are then tagged (:attr:`Generation.versions`) with the versions of their first and
+    last token. An attribute, not an argument of :meth:`generate`, so that whoever emulates the fleet
+    sets it once and the rollout code calls ``generate`` through the engine protocol unchanged.
     """
+
+    before_step: StepHook | None = None
 
     def __init__(self, learner: nn.Module, tokenizer, dtype: torch.dtype | None = None,
                  record_logprobs: bool = False, share: bool = False) -> None:
@@ -100,16 +111,18 @@ class HFGenerateEngine:
         per_call = max(1, sampling.generation_batch_size // n)  # whole groups per call
         responses: list[list[int]] = []  # prompt i's responses at rows i*n .. i*n+n-1
         logprobs: list[list[float]] = []
+        versions: list[list[int]] = []
         was_training = self.model.training
         self.model.eval()  # a shared learner is in train mode (dropout) between rollouts
         try:
             for start in range(0, len(prompt_ids), per_call):
-                chunk, chunk_logprobs = sample_responses(
+                chunk = sample_responses(
                     self.model, self.tokenizer, prompt_ids[start:start + per_call], sampling.max_new_tokens, n=n,
                     record_logprobs=self.record_logprobs, do_sample=True, temperature=sampling.temperature,
-                    top_p=sampling.top_p, top_k=0)
-                responses.extend(chunk)
-                logprobs.extend(chunk_logprobs or [])
+                    top_p=sampling.top_p, top_k=0, before_step=self.before_step, version=self.version)
+                responses.extend(chunk.responses)
+                logprobs.extend(chunk.logprobs or [])
+                versions.extend(chunk.versions or [])
         finally:
             self.model.train(was_training)
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -119,6 +132,7 @@ class HFGenerateEngine:
                 response_ids=responses[i * n:(i + 1) * n],
                 responses=texts[i * n:(i + 1) * n],
                 token_logprobs=logprobs[i * n:(i + 1) * n] if self.record_logprobs else None,
+                versions=versions[i * n:(i + 1) * n] if self.before_step is not None else None,
             )
             for i, prompt in enumerate(prompt_ids)
         ]
@@ -154,53 +168,95 @@ class SampledTokenLogprobs(LogitsProcessor):
         return torch.cat(columns, dim=1)  # [B, T]
 
 
+class SampledResponses(NamedTuple):
+    """What :func:`sample_responses` returns (a tuple: ``result[0]`` is the responses, as before ``versions``)."""
+
+    responses: list[list[int]]
+    """``n`` responses per prompt, prompt ``i``'s at ``i*n .. i*n+n-1``, each cut after its first EOS."""
+    logprobs: list[list[float]] | None
+    """Each response token's log-prob under the model (its own distribution), with ``record_logprobs``; else None."""
+    versions: list[list[int]] | None
+    """Per response ``[first, last]``: the weight versions that sampled its first and its last token
+    (:attr:`Generation.versions`), with a ``before_step`` hook; else None."""
+
+
+StepHook = Callable[[int], int | None]
+"""Called on the host before decoding step ``t`` (``t = 0``: the first sampled token); it may change the model's
+weights in place and returns their new version, or None when they did not change."""
+
+
 @torch.no_grad()
 def generate_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
                        **decoding: Any) -> list[list[int]]:
     """``n`` responses per prompt (:func:`sample_responses` without log-probs; ``decoding``: its sampling
     arguments)."""
-    return sample_responses(model, tokenizer, prompts, max_new_tokens, n, record_logprobs=False, **decoding)[0]
+    return sample_responses(model, tokenizer, prompts, max_new_tokens, n, record_logprobs=False, **decoding).responses
 
 
 @torch.no_grad()
 def sample_responses(model: nn.Module, tokenizer, prompts: list[list[int]], max_new_tokens: int, n: int = 1,
                      record_logprobs: bool = False, do_sample: bool = True, temperature: float = 1.0,
                      top_p: float = 1.0, top_k: int = 0, synced_gpus: bool = False,
-                     ) -> tuple[list[list[int]], list[list[float]] | None]:
+                     before_step: StepHook | None = None, version: int = 0) -> SampledResponses:
     """``n`` responses per prompt on left-padded prompts; prompt ``i``'s responses at ``i*n .. i*n+n-1``, each cut
     after its first EOS; with ``record_logprobs`` also each response token's log-prob under ``model`` (its own
     distribution, before temperature and top-p/top-k), else None.
 
     Sampling (``do_sample``) draws from the logits divided by ``temperature``, restricted to the ``top_k`` most
     likely tokens (0: all) and the smallest set of probability ``top_p``, as transformers' warpers do; else greedy.
-    With ``n > 1`` the prompts' key-value cache (all but their last token) is computed once per prompt and
-    repeated ``n`` times, instead of once per response: the same attention inputs, a fraction of the prompt work.
+    With ``n > 1`` the prompts' key-value cache is computed once per prompt and repeated ``n`` times, instead of
+    once per response: the same attention inputs, a fraction of the prompt work.
 
-    Decoding is :func:`_decode`, which drops finished rows from the batch and its cache at each step (a
-    response that stopped costs nothing more); ``synced_gpus`` (FSDP: every rank must run the same forwards)
-    goes through ``model.generate`` instead, which keeps every row to the end.
+    ``before_step`` (:data:`StepHook`) is called before each decoding step and may swap the weights mid-generation
+    (an in-flight update, as a server fleet does): the tokens already in the cache keep the keys and values the old
+    weights computed, and each response is tagged ``[first, last]`` with the versions (starting at ``version``) that
+    sampled its first and last token (``versions``).
+
+    Decoding is :func:`_decode`, on a preallocated cache without host round trips per token; ``synced_gpus`` (FSDP:
+    every rank must run the same forwards) goes through ``model.generate`` instead, which keeps every row to the end
+    (and takes no ``before_step``).
     """
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # [G, P]
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    cache: dict[str, Any] = {}  # the prompts' key-value cache as the model takes it, when computed up front
-    if n > 1 and width > 1 and getattr(model.config, "use_cache", True):
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
-        out = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-                    use_cache=True)
-        cache = _cache_of(out)
-        next(iter(cache.values())).batch_repeat_interleave(n)  # [G * n, ...]: decoding goes on from the last token
-    input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)  # [G * n, P]
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # [G, P]
     warpers = _warpers(temperature, top_p, top_k) if do_sample else None
-    decode = _generate if synced_gpus else _decode
-    sampled, logprobs = decode(model, input_ids, attention, cache, max_new_tokens, pad, eos, record_logprobs, warpers)
+    step_versions: list[int] | None = None  # the weight version of each decoding step, with a hook
+    if synced_gpus:
+        if before_step is not None:
+            raise ValueError("model.generate (synced_gpus) takes no before_step hook")
+        cache: dict[str, Any] = {}  # the prompts' key-value cache as the model takes it, when computed up front
+        if n > 1 and width > 1 and getattr(model.config, "use_cache", True):
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [G, P] as generate numbers left-padded prompts
+            out = model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+                        position_ids=positions[:, :-1], use_cache=True)
+            cache = _cache_of(out)
+            next(iter(cache.values())).batch_repeat_interleave(n)  # [G * n, ...]: generate goes on from the last token
+        sampled, logprobs = _generate(model, input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0),
+                                      cache, max_new_tokens, pad, eos, record_logprobs, warpers)
+    else:
+        if before_step is not None:
+            step_versions = []
+            before_step = _recording(before_step, version, step_versions)
+        sampled, logprobs = _decode(model, input_ids, attention, n, max_new_tokens, pad, eos, record_logprobs,
+                                    warpers, before_step)
     lengths = [seq.index(eos) + 1 if eos in seq else len(seq) for seq in sampled]
     responses = [seq[:length] for seq, length in zip(sampled, lengths)]
-    if logprobs is None:
-        return responses, None
-    return responses, [row[:length] for row, length in zip(logprobs, lengths)]
+    if logprobs is not None:
+        logprobs = [row[:length] for row, length in zip(logprobs, lengths)]
+    versions = None if step_versions is None else [[step_versions[0], step_versions[length - 1]] for length in lengths]
+    return SampledResponses(responses, logprobs, versions)
+
+
+def _recording(before_step: StepHook, version: int, step_versions: list[int]) -> Callable[[int], None]:
+    """``before_step`` appending the version each step samples with to ``step_versions`` (from ``version`` on): the
+    versions of a response's first and last token follow from its length, read back with the tokens."""
+    def hook(t: int) -> None:
+        changed = before_step(t)
+        step_versions.append(step_versions[-1] if changed is None and step_versions else
+                             version if changed is None else changed)
+    return hook
 
 
 def _cache_of(out) -> dict[str, Any]:
@@ -222,59 +278,111 @@ def _warpers(temperature: float, top_p: float, top_k: int) -> LogitsProcessorLis
     return warpers
 
 
-def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, cache: dict[str, Any], max_new_tokens: int,
-            pad: int, eos: int, record_logprobs: bool, warpers: LogitsProcessorList | None,
-            ) -> tuple[list[list[int]], list[list[float]] | None]:
-    """Token-by-token decoding on a key-value cache from which finished rows are dropped.
+STOP_CHECK_EVERY = 8
+"""Decoding steps between two looks at the finished rows (:func:`_decode`): each look reads one value back to the host,
+which on an accelerator waits for every queued kernel before the next step can be launched, so looking at every token
+(what the loop did before) serialises the host and the device. Every 8 tokens the wait is amortised, and at most 7
+steps are spent after the last row stopped (or on stopped rows before they are dropped)."""
 
-    ``input_ids``/``attention`` ``[B, P]`` are left-padded prompts; ``cache``, when given, holds all but their
-    last token. Returns each row's ``max_new_tokens`` sampled tokens (``pad`` after its EOS) and, with
-    ``record_logprobs``, their log-probs under the model (0 after EOS). A cache without ``batch_select_indices``
-    keeps its finished rows (their tokens are dropped instead).
+COMPACT_BELOW = 0.875
+"""At a look, the batch and its cache keep only the rows still going when they are fewer than this fraction of the
+batch: finished rows cost a full row's compute until dropped (all of it on a CPU), and dropping costs one copy of the
+cache (``index_select``), so not for a row or two. Measured on a CPU (one thread, the m30 shape, 256 rows, 64 tokens,
+random weights, about half the rows stopping before the end): a step took about twice as long with the finished rows
+kept to the end as with this; dropping them only below 1/2, or looking at every step, gained nothing (within that
+busy machine's noise)."""
+
+
+def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_new_tokens: int, pad: int, eos: int,
+            record_logprobs: bool, warpers: LogitsProcessorList | None, before_step: Callable[[int], None] | None,
+            ) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Token-by-token decoding of ``n`` responses to each of the left-padded prompts ``input_ids``/``attention``
+    ``[G, P]`` (rows ``i*n .. i*n+n-1``: prompt ``i``). Returns each row's ``max_new_tokens`` sampled tokens (``pad``
+    after its EOS) and, with ``record_logprobs``, their log-probs under the model (0 after EOS).
+
+    The prompts are run once each (``G`` rows, on transformers' ``DynamicCache``), and their keys and values written
+    ``n`` times into a preallocated ``StaticCache`` of ``G * n`` rows and ``P + max_new_tokens - 1`` positions (the
+    last sampled token is never fed back), with the attention mask beside it, filled as decoding goes. Then nothing
+    is reallocated per token, and nothing is read back to the host but once every :data:`STOP_CHECK_EVERY` steps
+    (every row finished? drop the finished rows, below :data:`COMPACT_BELOW`?): the tokens and log-probs are written
+    on the device into ``[B, T]`` tensors and copied to the host once at the end. ``before_step(t)`` is called before
+    step ``t`` samples (before the forward that gives its logits).
+
+    The draws are :func:`torch.multinomial`'s over all ``B`` rows at every step (:func:`_draw`), dropped rows
+    included, as ``generate`` draws: the same random stream, so the same responses as ``generate`` for a seed.
     """
-    batch = input_ids.shape[0]
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, P] as generate numbers left-padded prompts
+    groups, width = input_ids.shape
+    batch = groups * n
     keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    if cache:  # the prompts' last token, on their cache
-        out = model(input_ids=input_ids[:, -1:], attention_mask=attention, position_ids=positions[:, -1:],
-                    use_cache=True, **cache, **keep_logits)
-    else:  # the prompts whole
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                    **keep_logits)
-    cache = _cache_of(out)
-    droppable = hasattr(next(iter(cache.values())), "batch_select_indices")
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [G, P] as generate numbers left-padded prompts
+    if before_step is not None:
+        before_step(0)
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                **keep_logits)
+    (name, prompts_cache), = _cache_of(out).items()
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens - 1)
+    for layer, prompt_layer in enumerate(prompts_cache.layers):
+        if getattr(prompt_layer, "is_sliding", False):
+            raise NotImplementedError("decoding models with sliding-window attention layers is not supported")
+        cache.update(prompt_layer.keys.repeat_interleave(n, 0), prompt_layer.values.repeat_interleave(n, 0),
+                     layer)  # [B, heads, P, head_dim] into positions 0 .. P - 1
+    mask = attention.new_zeros((batch, width + max_new_tokens - 1))  # [B, P + T - 1]
+    mask[:, :width] = attention.repeat_interleave(n, 0)  # [B, P]
+    position = positions[:, -1].repeat_interleave(n, 0)  # [b] of the last token fed
+    logits = out.logits[:, -1, :].float().repeat_interleave(n, 0)  # [b, V]
     tokens = input_ids.new_full((batch, max_new_tokens), pad)  # [B, T]
-    logprobs = torch.zeros((batch, max_new_tokens)) if record_logprobs else None  # [B, T]
+    logprobs = logits.new_zeros((batch, max_new_tokens)) if record_logprobs else None  # [B, T]
     rows = torch.arange(batch, device=input_ids.device)  # [b] each batch row's response
-    going = torch.ones(batch, dtype=torch.bool, device=input_ids.device)  # [b] not finished (without dropping)
-    position = positions[:, -1]  # [b]
+    going = torch.ones(batch, dtype=torch.bool, device=input_ids.device)  # [b] not finished
+    broken = torch.zeros((), dtype=torch.bool, device=input_ids.device)  # [] a going row's logits not finite
     for t in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # [b, V]
-        if warpers is None:
-            chosen = logits.argmax(-1)  # [b]
-        else:  # drawn over all B rows, as generate does: row i's draw depends on row i's probabilities only,
-            # so the responses are generate's own for the same seed (finished rows get a placeholder distribution)
-            probs = logits.new_ones((batch, logits.shape[1]))  # [B, V]
-            probs[rows] = torch.softmax(warpers(None, logits), dim=-1)
-            chosen = torch.multinomial(probs, 1).squeeze(1)[rows]  # [b]
-        tokens[rows[going], t] = chosen[going]
+        broken = broken | (going & ~torch.isfinite(logits).all(-1)).any()  # []
+        chosen = logits.argmax(-1) if warpers is None else _draw(warpers(None, logits), rows, batch)  # [b]
+        chosen = torch.where(going, chosen, pad)  # [b]
+        tokens[rows, t] = chosen  # [B, T] column t, at the rows still in the batch
         if logprobs is not None:
             picked = torch.log_softmax(logits, -1).gather(1, chosen[:, None]).squeeze(1)  # [b]
-            logprobs[rows[going].cpu(), t] = picked[going].cpu()
+            logprobs[rows, t] = torch.where(going, picked, 0.0)  # [B, T] column t
         going = going & (chosen != eos)  # [b]
-        if t + 1 == max_new_tokens or not bool(going.any()):
+        if t + 1 == max_new_tokens:
             break
-        if droppable and not bool(going.all()):  # finished rows leave the batch and the cache
-            keep = going.nonzero().squeeze(1)  # [b']
-            next(iter(cache.values())).batch_select_indices(keep)
-            rows, chosen, attention, position, going = rows[keep], chosen[keep], attention[keep], position[keep], \
-                going[keep]
-        attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)  # [b, P + t + 1]
+        if (t + 1) % STOP_CHECK_EVERY == 0:
+            still, bad = torch.stack([going.sum(), broken.long()]).tolist()  # the one read-back of these steps
+            _check_finite(bad, t)
+            if still == 0:
+                break
+            if still < COMPACT_BELOW * len(going):  # finished rows leave the batch and the cache
+                keep = going.nonzero().squeeze(1)  # [b']
+                cache.reorder_cache(keep)
+                rows, chosen, mask, position, going = rows[keep], chosen[keep], mask[keep], position[keep], going[keep]
+        mask[:, width + t] = 1  # [b, P + T - 1]: the position of step t's token
         position = position + 1  # [b]
-        out = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=position[:, None],
-                    use_cache=True, **cache)
-        cache = _cache_of(out)
+        if before_step is not None:
+            before_step(t + 1)
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None], use_cache=True,
+                    **{name: cache})
+        logits = out.logits[:, -1, :].float()  # [b, V]
+    _check_finite(bool(broken), t)
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+def _check_finite(broken: bool, step: int) -> None:
+    """Raise when a row still going had NaN or infinite logits by decoding step ``step``: sampled from, they would
+    give arbitrary tokens (``torch.multinomial``'s own check, which :func:`_draw` skips, raised here before)."""
+    if broken:
+        raise FloatingPointError(f"the rollout model's next-token logits are NaN or infinite (by decoding step {step}): "
+                                 "its weights or the prompts' inputs are broken; no response of this call is kept")
+
+
+def _draw(scores: Tensor, rows: Tensor, batch: int) -> Tensor:
+    """One token per row from ``softmax(scores)`` ``[b, V]`` (``rows``: the batch rows of ``batch`` they are), drawn
+    as ``torch.multinomial(probs, 1)`` draws over all ``batch`` rows: ``argmax(probs / E)`` with ``E`` ``[batch, V]``
+    exponential noise, row ``i``'s draw depending on row ``i``'s probabilities only (``torch.multinomial``'s own
+    method for one sample, so the same tokens for a seed). Without its check that the probabilities are valid, which
+    reads a value back to the host at every call."""
+    probs = torch.softmax(scores, dim=-1)  # [b, V]
+    noise = torch.empty((batch, probs.shape[1]), dtype=probs.dtype, device=probs.device).exponential_(1)  # [B, V]
+    return (probs / noise[rows]).argmax(-1)  # [b]
 
 
 def _generate(model: nn.Module, input_ids: Tensor, attention: Tensor, cache: dict[str, Any], max_new_tokens: int,

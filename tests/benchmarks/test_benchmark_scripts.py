@@ -175,6 +175,20 @@ def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():
     assert gap < 1e-4  # fp32: the recorded behavior log-probs are the scoring forward's
 
 
+def test_decode_loop_times_the_steps_and_splits_off_the_forward(tmp_path):
+    """Per decoding step: the whole step, the forward's share and the rest (positive, adding up); ``--run-to-end``
+    runs every row to the limit; ``--profile`` writes a chrome trace and the ops' table (CPU here)."""
+    stdout = run_script("decode_loop.py", "--shape", "tiny", "--rows", "8", "--k", "2", "--max-new-tokens", "5",
+                        "--rounds", "1", "--run-to-end", "--profile", str(tmp_path / "profile"))
+    result = json.loads(stdout[stdout.index("{"):])
+    assert (result["rows"], result["response_tokens"], result["parameters"]) == (8, 8 * 5, 1_054_848)
+    assert 0 < result["forward_seconds_per_step"] < result["seconds_per_step"]
+    assert result["outside_forward_seconds_per_step"] == pytest.approx(
+        result["seconds_per_step"] - result["forward_seconds_per_step"])
+    assert json.loads((tmp_path / "profile" / "trace.json").read_text())["traceEvents"]
+    assert "aten::" in (tmp_path / "profile" / "key_averages.txt").read_text()
+
+
 def _stack(*frames: str) -> list[str]:
     loop = ["<module> (ggpo_worker.py:131)", "_TrainingEpochLoop.advance (lightning/pytorch/loops/training_epoch_loop.py:352)"]
     return loop + list(frames)

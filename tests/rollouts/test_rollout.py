@@ -8,7 +8,8 @@ import torch
 from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses, sample_responses
+from ggpo_lightning.rollouts.hf_engine import (COMPACT_BELOW, STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
+                                              sample_responses)
 
 
 def params_equal(a, b) -> bool:
@@ -122,11 +123,13 @@ def test_sampling_without_recording_returns_no_log_probs_and_the_same_responses(
     model, tok = tiny_lm
     prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"]]
     torch.manual_seed(5)
-    plain, none = sample_responses(model, tok, prompts, 6, n=2, do_sample=True, top_k=0)
+    plain = sample_responses(model, tok, prompts, 6, n=2, do_sample=True, top_k=0)
     torch.manual_seed(5)
-    recorded, logprobs = sample_responses(model, tok, prompts, 6, n=2, record_logprobs=True, do_sample=True, top_k=0)
-    assert none is None and plain == recorded  # recording leaves the draws alone
-    assert [len(lp) for lp in logprobs] == [len(r) for r in recorded] and all(x <= 0 for lp in logprobs for x in lp)
+    recorded = sample_responses(model, tok, prompts, 6, n=2, record_logprobs=True, do_sample=True, top_k=0)
+    assert plain.logprobs is None and plain.responses == recorded.responses  # recording leaves the draws alone
+    assert [len(lp) for lp in recorded.logprobs] == [len(r) for r in recorded.responses]
+    assert all(x <= 0 for lp in recorded.logprobs for x in lp)
+    assert plain.versions is None and recorded.versions is None  # no hook: no tags
 
 
 def _hf_generate(model, tok, prompts, max_new_tokens, **decoding):
@@ -164,17 +167,28 @@ def test_sampling_gives_transformers_generate_responses_for_the_same_seed(tiny_l
         assert ours == expected
 
 
-def test_finished_rows_leave_the_batch(tiny_lm):
+def test_finished_rows_leave_the_batch_at_the_stop_checks(tiny_lm):
+    """The prompts run once per prompt, then every step feeds the whole batch until a stop check (every
+    STOP_CHECK_EVERY steps) finds fewer than COMPACT_BELOW of its rows going and drops the others; decoding ends at
+    the first check with none going."""
     model, tok = tiny_lm
-    prompts = [tok("1+2=")["input_ids"], tok("14+4=")["input_ids"], tok("9")["input_ids"], tok("7+7=")["input_ids"]]
+    prompts = [tok(text)["input_ids"] for text in ("1+2=", "+", "9", "+++", "14+4=", "7+7=", "+ +", "5")]
     rows_per_forward = []
     handle = model.register_forward_pre_hook(lambda m, args, kwargs: rows_per_forward.append(
         kwargs["input_ids"].shape[0]), with_kwargs=True)
     try:
-        responses = generate_responses(model, tok, prompts, 9, do_sample=False)
+        responses = generate_responses(model, tok, prompts, 30, n=2, do_sample=False)
     finally:
         handle.remove()
-    # after the prompts' forward, each step feeds only the rows still going
-    still_going = [sum(len(r) > t and not (t == len(r) - 1 and r[-1] == tok.eos_token_id) for r in responses)
-                   for t in range(len(rows_per_forward) - 1)]
-    assert rows_per_forward[1:] == still_going and rows_per_forward[-1] < len(prompts)
+    ends = [len(r) - 1 if r[-1] == tok.eos_token_id else 30 for r in responses]  # the step each row stopped after
+    expected, batch = [len(prompts)], len(responses)
+    for t in range(29):
+        if (t + 1) % STOP_CHECK_EVERY == 0:
+            going = sum(end > t for end in ends)
+            if going == 0:
+                break
+            if going < COMPACT_BELOW * batch:
+                batch = going
+        expected.append(batch)
+    assert rows_per_forward == expected
+    assert len(prompts) * 2 > min(expected[1:]) > 0  # rows were dropped, and others went on
