@@ -85,7 +85,10 @@ class RolloutConfig:
     in_flight_updates: str | None = None
     """``engine: vllm_server``: what a weight push does to requests in flight. ``keep``: they pause and go on with
     the new weights (a response can straddle two versions; both are recorded); ``drain``: they finish with the old
-    weights first. None: ``keep``, or ``drain`` for objectives that use behavior log-probs (GRPO)."""
+    weights first. None: ``keep``, or ``drain`` for objectives that use behavior log-probs (GRPO).
+    ``engine: hf`` (schedule ``sync``): ``keep`` emulates a fleet's in-flight updates, each sync's weights swapped
+    in at a random decoding step of the next rollout (:mod:`~ggpo_lightning.rollouts.in_flight`); None or
+    ``drain``: the weights change between rollouts."""
     request_timeout: float = 600.0
     """``engine: vllm_server``: seconds one request (or one step of a weight push) may take before its server is
     taken out and the request sent to another."""
@@ -122,6 +125,13 @@ class RolloutConfig:
             errors.append(f"model.rollout.truncation must be one of {list(TRUNCATIONS)}, got {self.truncation!r}")
         if self.engine not in ENGINES:
             errors.append(f"model.rollout.engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if self.in_flight_updates not in (None, *IN_FLIGHT_UPDATES):
+            errors.append(f"model.rollout.in_flight_updates must be one of {list(IN_FLIGHT_UPDATES)} or null, got "
+                          f"{self.in_flight_updates!r}")
+        elif self.emulates_in_flight_updates and self.schedule != "sync":
+            errors.append("model.rollout.in_flight_updates: keep with model.rollout.engine: hf emulates a fleet's "
+                          "in-flight updates in the synchronous schedule only; set model.rollout.schedule: sync, or "
+                          "generate on vLLM servers (engine: vllm_server)")
         errors += self._server_errors()
         return errors + self._async_errors()
 
@@ -140,9 +150,6 @@ class RolloutConfig:
                        for i, url in enumerate(self.servers) if not str(url).startswith(("http://", "https://"))]
         if self.server_devices is not None and self.local_servers is None:
             errors.append("model.rollout.server_devices places local servers; set model.rollout.servers: local:N")
-        if self.in_flight_updates not in (None, *IN_FLIGHT_UPDATES):
-            errors.append(f"model.rollout.in_flight_updates must be one of {list(IN_FLIGHT_UPDATES)} or null, got "
-                          f"{self.in_flight_updates!r}")
         if not (self.request_timeout > 0 and self.server_timeout > 0):
             errors.append("model.rollout.request_timeout and model.rollout.server_timeout must be > 0 (seconds)")
         return errors
@@ -183,15 +190,22 @@ class RolloutConfig:
     def staleness_limit(self) -> int:
         """The most updates a group can be behind the learner when trained on: ``sync_every - 1`` with the sync
         schedule; with async, ``max_staleness`` (``sync_every`` when unset), the bound the producer keeps."""
-        if self.schedule == "sync":
-            return self.sync_every - 1
+        if self.schedule == "sync":  # a sync emulated in flight lands inside the next rollout: one more
+            return self.sync_every - 1 + self.emulates_in_flight_updates
         return self.sync_every if self.max_staleness is None else self.max_staleness
 
     def hf_engine_shares_learner(self, lora: bool) -> bool:
         """Whether the HF engine samples with the learner itself (no copy): exact at every rollout only with a sync
         after every update, the learner's precision, no LoRA adapter and the sync schedule (with async, the producer
         samples while the learner trains)."""
-        return not lora and self.sync_every == 1 and self.dtype is None and self.schedule == "sync"
+        return (not lora and self.sync_every == 1 and self.dtype is None and self.schedule == "sync"
+                and not self.emulates_in_flight_updates)
+
+    @property
+    def emulates_in_flight_updates(self) -> bool:
+        """``in_flight_updates: keep`` with the HF engine: syncs land inside rollouts
+        (:class:`~ggpo_lightning.rollouts.in_flight.InFlightUpdates`)."""
+        return self.engine == "hf" and self.in_flight_updates == "keep"
 
     @property
     def torch_dtype(self) -> torch.dtype | None:

@@ -4,6 +4,7 @@ protocol only."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ggpo_lightning.rollouts.config import RolloutConfig
@@ -23,7 +24,9 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
     - ``engine: hf`` with ``schedule: async`` and ``async_worker: process``: the HF engine sampling in a child
       process on shared weights (CPU);
     - otherwise the HF engine in this process, sampling with the learner itself (no copy) when that is exact at
-      every rollout (:meth:`~ggpo_lightning.rollouts.config.RolloutConfig.hf_engine_shares_learner`).
+      every rollout (:meth:`~ggpo_lightning.rollouts.config.RolloutConfig.hf_engine_shares_learner`); with
+      ``in_flight_updates: keep``, its syncs land inside the next rollout
+      (:class:`~ggpo_lightning.rollouts.in_flight.InFlightUpdates`).
     """
     dtype = config.torch_dtype
     if config.engine == "vllm_server":
@@ -43,8 +46,13 @@ def make_engine(model: nn.Module, tokenizer, config: RolloutConfig, model_name_o
         return ChildProcessEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs)
     from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
 
-    return HFGenerateEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs,
-                            share=config.hf_engine_shares_learner(lora))
+    engine = HFGenerateEngine(model, tokenizer, dtype=dtype, record_logprobs=record_logprobs,
+                              share=config.hf_engine_shares_learner(lora))
+    if config.emulates_in_flight_updates:
+        from ggpo_lightning.rollouts.in_flight import InFlightUpdates
+
+        return InFlightUpdates(engine, seed=torch.initial_seed())
+    return engine
 
 
 def eval_engine(model: nn.Module, tokenizer, engine_args: dict):

@@ -156,3 +156,26 @@ def test_the_quickstart_learns_with_the_vllm_engine(tmp_path, monkeypatch):
           f"{summary['accuracy_after']:.3f} in {summary['wall_seconds']:.0f} s")
     assert cli.model.engine.version == 100  # synced after every update
     assert summary["accuracy_after"] > summary["accuracy_before"] + 0.05, summary
+
+
+def test_in_flight_updates_on_the_hf_engine_straddle_and_resume_exactly(tmp_path, tiny_model_dir):
+    """``in_flight_updates: keep`` with the HF engine: each sync lands inside the next rollout (responses of two
+    versions, a staleness of sync_every at that step), and a run stopped with weights in flight (the sync after
+    update 4) and resumed trains as the uninterrupted run does."""
+    settings = ("--model.rollout.sync_every", "2", "--model.rollout.in_flight_updates", "keep",
+                "--model.rollout.sampling.max_new_tokens", "6", "--trainer.val_check_interval", "10")
+    whole = train(tmp_path / "whole", tiny_model_dir, "--trainer.max_steps", "6", *settings)
+    rows = [r for r in csv.DictReader(open(Path(whole.trainer.log_dir) / "metrics.csv")) if r["train/loss"]]
+    swaps = {int(r["step"]): float(r["train/in_flight_straddling"]) for r in rows if r["train/in_flight_straddling"]}
+    assert sorted(swaps) == [2, 4]  # the rollouts right after the syncs at updates 2 and 4
+    assert max(swaps.values()) > 0
+    assert max(float(r["train/staleness_max"]) for r in rows) == 2  # the old version's groups, at the sync's step
+    first = train(tmp_path / "parts", tiny_model_dir, "--trainer.max_steps", "4", *settings)
+    last = Path(first.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    second = train(tmp_path / "parts", tiny_model_dir, "--trainer.max_steps", "6", "--ckpt_path", str(last), *settings)
+    resumed = [r for r in csv.DictReader(open(Path(second.trainer.log_dir) / "metrics.csv")) if r["train/loss"]]
+    by_step = {int(r["step"]): r for r in rows}
+    assert [int(r["step"]) for r in resumed] == [4, 5]  # step 4's rollout swaps in the weights the checkpoint held
+    for r in resumed:
+        for name in ("train/loss", "train/reward", "train/in_flight_straddling", "train/staleness"):
+            assert r[name] == by_step[int(r["step"])][name], (r["step"], name)

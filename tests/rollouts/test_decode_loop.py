@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from reference_decode import reference_sample_responses
+from weight_swap import final_norm_changed
 
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses, sample_responses
@@ -56,22 +57,11 @@ def test_the_new_loop_gives_the_old_loops_responses_for_a_seed(lm, decoding, n, 
         assert new.logprobs is None
 
 
-def _final_norm_changed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """``model`` with another final norm: other next-token logits, the same keys and values at every position, so the
-    cache that the old weights filled is the new weights' own and a swap mid-generation has an exact reference."""
-    other = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    norm = other.get_decoder().norm.weight
-    with torch.no_grad():
-        norm.copy_(torch.randn(norm.shape, generator=generator))
-    return other
-
-
 def test_a_hook_swapping_weights_at_step_3_gives_old_then_new_tokens_and_their_versions(tiny_lm):
     """Tokens 0-2 are the old model's greedy ones, the later ones the new model's greedy continuation of the prompt
     and those three; rows that reached step 3 are tagged [v, v + 1], rows finished before [v, v]."""
     model, tok = tiny_lm
-    old_model, new_model = copy.deepcopy(model), _final_norm_changed(model, seed=0)
+    old_model, new_model = copy.deepcopy(model), final_norm_changed(model, seed=0)
     prompts = [tok(text)["input_ids"] for text in ("1+2=", "+", "9", "+++", "14+4=")]  # "+": long answers
     steps = []
 
@@ -105,7 +95,7 @@ def test_the_engine_tags_responses_with_versions_when_a_hook_is_set(tiny_lm):
     prompts = _ragged_prompts(tok)
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.2)
     assert all(g.versions is None for g in engine.generate(prompts, 2, sampling))  # no hook: the call's version
-    new_weights = _final_norm_changed(model, seed=1).state_dict()
+    new_weights = final_norm_changed(model, seed=1).state_dict()
     engine.before_step = lambda t: (engine.load_weights(new_weights, engine.version + 1), engine.version)[1] \
         if t == 3 else None
     generations = engine.generate(prompts, 2, sampling)
