@@ -309,7 +309,10 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     step ``t`` samples (before the forward that gives its logits).
 
     The draws are :func:`torch.multinomial`'s over all ``B`` rows at every step (:func:`_draw`), dropped rows
-    included, as ``generate`` draws: the same random stream, so the same responses as ``generate`` for a seed.
+    included, as ``generate`` draws: the same random stream, so the same responses as ``generate`` for a seed. The
+    steps run after every row finished (up to the next look) draw too; the stream is then set back to where it was
+    after the last step that had a row going (:class:`_RandomStream`), so what samples next (the next rollout) draws
+    as it did when the loop stopped at once.
     """
     groups, width = input_ids.shape
     batch = groups * n
@@ -335,9 +338,14 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     rows = torch.arange(batch, device=input_ids.device)  # [b] each batch row's response
     going = torch.ones(batch, dtype=torch.bool, device=input_ids.device)  # [b] not finished
     broken = torch.zeros((), dtype=torch.bool, device=input_ids.device)  # [] a going row's logits not finite
+    active = torch.zeros((), dtype=torch.long, device=input_ids.device)  # [] steps begun with a row going
+    stream = _RandomStream(input_ids.device) if warpers is not None else None
     for t in range(max_new_tokens):
         broken = broken | (going & ~torch.isfinite(logits).all(-1)).any()  # []
-        chosen = logits.argmax(-1) if warpers is None else _draw(warpers(None, logits), rows, batch)  # [b]
+        active = active + going.any()  # []
+        chosen = logits.argmax(-1) if stream is None else _draw(warpers(None, logits), rows, batch)  # [b]
+        if stream is not None:
+            stream.drawn()
         chosen = torch.where(going, chosen, pad)  # [b]
         tokens[rows, t] = chosen  # [B, T] column t, at the rows still in the batch
         if logprobs is not None:
@@ -351,6 +359,8 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
             _check_finite(bad, t)
             if still == 0:
                 break
+            if stream is not None:
+                stream.all_kept(t)
             if still < COMPACT_BELOW * len(going):  # finished rows leave the batch and the cache
                 keep = going.nonzero().squeeze(1)  # [b']
                 cache.reorder_cache(keep)
@@ -362,8 +372,39 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None], use_cache=True,
                     **{name: cache})
         logits = out.logits[:, -1, :].float()  # [b, V]
-    _check_finite(bool(broken), t)
+    bad, steps = torch.stack([broken.long(), active]).tolist()
+    _check_finite(bad, t)
+    if stream is not None:
+        stream.rewind(steps)
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+class _RandomStream:
+    """The random generator's states after the draws since the last look at the finished rows: every draw up to a
+    look that found a row going was one the loop before issue 42's rewrite made too; the later ones may not be."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.first = 0  # the step of states[0]
+        self.states: list[Tensor] = []  # after the draws of steps first, first + 1, ...
+
+    def drawn(self) -> None:
+        """Keep the state after this step's draw (a few kilobytes copied on the host; no device sync)."""
+        self.states.append(torch.cuda.get_rng_state(self.device) if self.cuda else torch.get_rng_state())
+
+    def all_kept(self, step: int) -> None:
+        """A look after ``step`` found rows going: the draws so far stay."""
+        self.first, self.states = step + 1, []
+
+    def rewind(self, steps: int) -> None:
+        """Set the generator to its state after the draw of step ``steps - 1``, the last begun with a row going."""
+        index = steps - 1 - self.first
+        if 0 <= index < len(self.states) - 1:
+            if self.cuda:
+                torch.cuda.set_rng_state(self.states[index], self.device)
+            else:
+                torch.set_rng_state(self.states[index])
 
 
 def _check_finite(broken: bool, step: int) -> None:

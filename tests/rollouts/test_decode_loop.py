@@ -43,12 +43,15 @@ def test_the_new_loop_gives_the_old_loops_responses_for_a_seed(lm, decoding, n, 
     group sharing its prompt, ragged prompts; past several stop checks, so rows are dropped on the way."""
     model, tok = lm
     prompts = _ragged_prompts(tok)
-    results = []
+    results, streams = [], []
     for sample in (reference_sample_responses, sample_responses):
         torch.manual_seed(7)
         results.append(sample(model, tok, prompts, 20, n=n, record_logprobs=record_logprobs, **decoding))
+        streams.append(torch.get_rng_state())
     (old, old_logprobs), new = results
     assert new.responses == old and new.versions is None
+    # the random stream is left where the old loop left it: the next rollout of a run draws the same
+    assert torch.equal(streams[0], streams[1])
     assert len(old) == len(prompts) * n
     if record_logprobs:
         for got, want in zip(new.logprobs, old_logprobs):
