@@ -80,3 +80,15 @@ def test_module_refuses_compile_without_a_compiler_before_loading(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(SettingsError, match="model.compile: true needs a C\\+\\+ compiler"):
         check_model_settings({"compile": True})
+
+
+def test_ggpo_train_refuses_compile_with_fsdp_before_anything_loads(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from ggpo_lightning.cli.train import run_training
+
+    monkeypatch.chdir(tmp_path)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "fsdp-cpu-2proc.yaml"
+    with pytest.raises(SettingsError, match="model.compile: true is not supported with a sharding strategy"):
+        run_training(["--config", str(recipe), "--model.compile", "true"])
+    assert not (tmp_path / "runs" / "quickstart").exists()  # no data, no tiny model built
