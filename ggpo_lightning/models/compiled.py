@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -132,6 +133,7 @@ def compile_decoder(model: nn.Module) -> None:
     if parts is None:
         raise ValueError(f"model.compile: {type(model).__name__} has no decoder stack apart from its output head "
                          "(logit soft-capping or scaling); set model.compile: false")
+    _clock()
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
@@ -139,12 +141,39 @@ def compile_decoder(model: nn.Module) -> None:
     setattr(body, DECODER_FORWARD, types.MethodType(_compiled_call, body))
 
 
-def compile_metrics() -> dict[str, float]:
-    """The process's ``torch.compile`` totals so far, by dynamo's own accounting: ``compile/seconds`` (tracing and
-    compiling forward graphs, and backward graphs, compiled at their first backward) and ``compile/graphs`` (graphs
-    compiled: one per model, layout and grad mode at first, then one per recompile; constant once warm)."""
-    from torch._dynamo.utils import compilation_time_metrics, counters
+class _CompileClock:
+    """Wall seconds of ``torch.compile``'s outermost compile events (dynamo's callbacks: a frame traced and its forward
+    graphs compiled, or a backward graph compiled at its first backward; nested events counted once), and the frames
+    compiled."""
 
-    seconds = sum(sum(compilation_time_metrics.get(name, ())) for name in
-                  ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler"))
-    return {"compile/seconds": seconds, "compile/graphs": float(counters["stats"]["unique_graphs"])}
+    def __init__(self) -> None:
+        self.seconds, self.compiles, self._start = 0.0, 0, 0.0
+
+    def start(self, args: Any) -> None:
+        self._start = time.perf_counter()
+
+    def end(self, args: Any) -> None:
+        from torch._dynamo.callback import CallbackTrigger
+
+        self.seconds += time.perf_counter() - self._start
+        self.compiles += args.callback_trigger == CallbackTrigger.DYNAMO
+
+
+@functools.cache
+def _clock() -> _CompileClock:
+    """The process's :class:`_CompileClock`, registered with dynamo at the first :func:`compile_decoder`."""
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    clock = _CompileClock()
+    on_compile_start(clock.start)
+    on_compile_end(clock.end)
+    return clock
+
+
+def compile_metrics() -> dict[str, float]:
+    """The process's ``torch.compile`` totals so far: ``compile/seconds`` (wall time compiling: tracing and forward
+    graphs at a new shape, backward graphs at their first backward) and ``compile/compiles`` (frames compiled: one per
+    decoder, layout and grad mode at the first step, then one per recompile, e.g. a new width bucket; constant once
+    warm). Zeros before any :func:`compile_decoder`."""
+    clock = _clock()
+    return {"compile/seconds": clock.seconds, "compile/compiles": float(clock.compiles)}

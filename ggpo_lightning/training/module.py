@@ -111,7 +111,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         compile: run the decoder stack of the learner and of the reference under ``torch.compile`` in their log-prob
             forwards (not generation), rows padded to a few width buckets (:mod:`ggpo_lightning.models.compiled`).
             Costs compile time at the first step and at each new bucket (on CPU tens of seconds per graph; a C++
-            compiler needed); the step's metrics carry ``compile/seconds`` and ``compile/graphs``. Not with FSDP2.
+            compiler needed); the step's metrics carry ``compile/seconds`` and ``compile/compiles``. Not with FSDP2.
     """
 
     resume_mismatch_ok = False

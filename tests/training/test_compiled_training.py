@@ -1,5 +1,5 @@
 """``model.compile: true`` trains as the eager run: the same losses over 5 steps (fp32), the compile time and the
-graphs compiled in each step's metrics, and no graph compiled once every width bucket and layout has been seen."""
+compiles in each step's metrics, and no compile once every width bucket and layout has been seen."""
 
 from __future__ import annotations
 
@@ -43,14 +43,14 @@ def run(tiny_model_dir, data_dir, compile: bool, steps: int = 5) -> Record:
 def test_compiled_run_gives_the_eager_losses(tiny_model_dir, data_dir):
     """5 steps of the tiny model (GRPO with the behavior anchor: a loss from the first step), learner and reference
     compiled, against eager: losses equal to rel 1e-5 (abs 1e-6; measured: 1.2e-7 rel); every step's row carries
-    compile/seconds and compile/graphs, which stop growing after the warm-up although the steps' row widths and
+    compile/seconds and compile/compiles, which stop growing after the warm-up although the steps' row widths and
     counts vary (all widths in the 64 bucket, the row count a dynamic dimension)."""
     eager = run(tiny_model_dir, data_dir, compile=False)
     compiled = run(tiny_model_dir, data_dir, compile=True)
     assert len(compiled.losses) == len(eager.losses) == 5
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-5, abs=1e-6)
-    assert not any("train/compile/graphs" in row for row in eager.metrics)
-    graphs = [row["train/compile/graphs"] for row in compiled.metrics]
+    assert not any("train/compile/compiles" in row for row in eager.metrics)
+    compiles = [row["train/compile/compiles"] for row in compiled.metrics]
     seconds = [row["train/compile/seconds"] for row in compiled.metrics]
-    assert graphs[0] >= 2 and seconds[0] > 0
-    assert graphs[2:] == [graphs[2]] * 3 and seconds[2:] == [seconds[2]] * 3
+    assert compiles[0] >= 2 and seconds[0] > 0
+    assert compiles[2:] == [compiles[2]] * 3 and seconds[2:] == [seconds[2]] * 3
