@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import statistics
 import tempfile
@@ -39,6 +38,65 @@ SHAPES = {"qwen3-0.5b": dict(hidden_size=1024, num_hidden_layers=28, num_attenti
                             head_dim=16, intermediate_size=128, vocab_size=512, tie_word_embeddings=True)}
 """``--shape``: Qwen3 configurations built instead of ``--like``'s (its tokenizer kept); ``qwen3-toy`` for smoke
 runs."""
+
+
+def measure(folder: str, args: argparse.Namespace, compiled: bool) -> list[dict]:
+    """One run per precision of ``args.precisions``: the update of a ``GGPOModule`` of the model in ``folder`` (with
+    ``model.compile`` when ``compiled``) on ``args.prompts`` x 8 random responses."""
+    import torch
+
+    from ggpo_lightning.core.microbatch import MicroBatchConfig
+    from ggpo_lightning.models.compiled import compile_metrics
+    from ggpo_lightning.testing import make_group
+    from ggpo_lightning.training.module import GGPOModule
+
+    module = GGPOModule(folder, verifier="numeric", micro_batch=MicroBatchConfig(args.max_tokens), compile=compiled,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5, weight_decay=0.0, fused=True))
+    # responses of exactly --response-len tokens, drawn uniformly from the ordinary tokens (no EOS): the
+    # update's cost depends on the token count only, and sampling them would take longer than the update
+    specials = set(module.tokenizer.all_special_ids)
+    vocab = torch.tensor([t for t in range(len(module.tokenizer)) if t not in specials])
+    prompts = [module.group_rollout.encode(f"{11 * i}+{7 * i}=") for i in range(args.prompts)]
+    groups = [make_group(p, vocab[torch.randint(len(vocab), (8, args.response_len))].tolist(),
+                         [float(i % 2) for i in range(8)], prompt_id=str(n)) for n, p in enumerate(prompts)]
+    optimizer = module.configure_optimizers()
+    runs = []
+    for precision in args.precisions.split(","):
+        module.reference_cache.clear()
+        batch = module.pack(groups)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+        def update() -> float:
+            start = time.perf_counter()
+            with autocast:  # the step as training_step runs it: whole, or micro-batched in one or two passes
+                pending = module.passes.run(module.learner, batch, module.loss_terms(), lambda loss: loss.backward())
+                last = pending.finish()
+            last.backward()
+            torch.nn.utils.clip_grad_norm_(module.learner.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return time.perf_counter() - start
+
+        before = compile_metrics()
+        warm_up = update()  # allocator, optimizer state, the reference log-probs cached, the compiles
+        after = compile_metrics()
+        seconds = statistics.median(update() for _ in range(args.repeat))
+        packed = batch.packed
+        tokens = int((packed.position_ids > 0).sum() + packed.position_ids.shape[0] if packed is not None
+                     else batch.tokens)
+        positions = int(packed.input_ids.numel() if packed is not None else batch.input_ids.numel())
+        params = module.learner.num_parameters()
+        run = {"precision": precision, "compile": compiled, "shared_prefix": packed is not None,
+               "max_tokens": args.max_tokens, "seconds": seconds, "warm_up_seconds": warm_up, "tokens": tokens,
+               "positions_with_padding": positions, "parameters": params,
+               "response_tokens": sum(len(r) for g in groups for r in g.response_ids),
+               "model_flops_per_s": 6 * params * tokens / seconds}
+        if compiled:
+            run["compile_seconds"] = after["compile/seconds"] - before["compile/seconds"]
+            run["compiles"] = after["compile/compiles"] - before["compile/compiles"]
+            run["compiles_after_warm_up"] = compile_metrics()["compile/compiles"] - after["compile/compiles"]
+        runs.append(run)
+    return runs
 
 
 def main() -> None:
@@ -58,11 +116,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 
-    from ggpo_lightning.core.microbatch import MicroBatchConfig
-    from ggpo_lightning.models.compiled import compile_metrics
     from ggpo_lightning.models.loading import load_tokenizer
-    from ggpo_lightning.testing import make_group
-    from ggpo_lightning.training.module import GGPOModule
     from vs_trl import matmul_peak
 
     torch.set_num_threads(1)
@@ -76,60 +130,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        # responses of exactly --response-len tokens, drawn uniformly from the ordinary tokens (no EOS): the
-        # update's cost depends on the token count only, and sampling them would take longer than the update
-        specials = set(tokenizer.all_special_ids)
-        vocab = torch.tensor([t for t in range(len(tokenizer)) if t not in specials])
         for compiled in (False, True) if args.compile else (False,):
-            module = GGPOModule(tmp, verifier="numeric", micro_batch=MicroBatchConfig(args.max_tokens),
-                                compile=compiled,
-                                optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5, weight_decay=0.0, fused=True))
-            prompts = [module.group_rollout.encode(f"{11 * i}+{7 * i}=") for i in range(args.prompts)]
-            groups = [make_group(p, vocab[torch.randint(len(vocab), (8, args.response_len))].tolist(),
-                                 [float(i % 2) for i in range(8)], prompt_id=str(n)) for n, p in enumerate(prompts)]
-            optimizer = module.configure_optimizers()
-            for precision in args.precisions.split(","):
-                module.reference_cache.clear()
-                batch = module.pack(groups)
-                autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-                            else contextlib.nullcontext())
-
-                def update() -> float:
-                    start = time.perf_counter()
-                    with autocast:  # the step as training_step runs it: whole, or micro-batched in one or two passes
-                        pending = module.passes.run(module.learner, batch, module.loss_terms(),
-                                                    lambda loss: loss.backward())
-                        last = pending.finish()
-                    last.backward()
-                    torch.nn.utils.clip_grad_norm_(module.learner.parameters(), 1.0)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    return time.perf_counter() - start
-
-                before = compile_metrics()
-                warm_up = update()  # allocator, optimizer state, the reference log-probs cached, the compiles
-                after = compile_metrics()
-                seconds = statistics.median(update() for _ in range(args.repeat))
-                packed = batch.packed
-                tokens = int((packed.position_ids > 0).sum() + packed.position_ids.shape[0] if packed is not None
-                             else batch.tokens)
-                positions = int(packed.input_ids.numel() if packed is not None else batch.input_ids.numel())
-                params = module.learner.num_parameters()
-                run = {"precision": precision, "compile": compiled, "shared_prefix": packed is not None,
-                       "max_tokens": args.max_tokens, "seconds": seconds, "warm_up_seconds": warm_up,
-                       "tokens": tokens, "positions_with_padding": positions, "parameters": params,
-                       "response_tokens": sum(len(r) for g in groups for r in g.response_ids),
-                       "model_flops_per_s": 6 * params * tokens / seconds}
-                if compiled:
-                    run["compile_seconds"] = after["compile/seconds"] - before["compile/seconds"]
-                    run["compiles"] = after["compile/compiles"] - before["compile/compiles"]
-                    run["compiles_after_warm_up"] = compile_metrics()["compile/compiles"] - after["compile/compiles"]
+            for run in measure(tmp, args, compiled):  # a module of its own, freed before the next
                 if peaks:
-                    run["share_of_matmul_peak"] = run["model_flops_per_s"] / peaks[precision]
+                    run["share_of_matmul_peak"] = run["model_flops_per_s"] / peaks[run["precision"]]
                 results.append(run)
                 print(json.dumps(run), flush=True)
-            del module, optimizer
-            gc.collect()
     if args.out:
         Path(args.out).write_text(json.dumps({"response_len": args.response_len, "shape": args.shape,
                                               "matmul_peak_flops": peaks, "runs": results}, indent=2))

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 
 from ggpo_lightning.core.logprobs import DECODER_FORWARD, decoder_and_head
 
-__all__ = ["BUCKET_STEP", "SHARDED_ERROR", "compile_decoder", "compile_errors", "compile_metrics", "bucket_width", "padded_forward"]
+__all__ = ["BUCKET_STEP", "SHARDED_ERROR", "bucket_width", "compile_decoder", "compile_errors", "compile_metrics",
+           "padded_forward"]
 
 BUCKET_STEP = 64
 """The finest width step: widths up to 1024 are padded to the next multiple of 64."""
