@@ -92,3 +92,20 @@ def test_ggpo_train_refuses_compile_with_fsdp_before_anything_loads(tmp_path, mo
     with pytest.raises(SettingsError, match="model.compile: true is not supported with a sharding strategy"):
         run_training(["--config", str(recipe), "--model.compile", "true", "--tiny_model", "null",
                       "--synthetic_data", "null", "--model.model_name_or_path", str(tmp_path / "no-model")])
+
+
+def test_compile_decoder_keeps_weights_and_forward_and_deep_copies_bind_to_themselves(tiny_lm):
+    """Nothing compiles until a log-prob forward runs: the state dict and ``forward`` (generation's) are the model's
+    own, and a deep copy (the reference, an engine's copy) carries the compiled forward bound to its own stack."""
+    import copy
+
+    from ggpo_lightning.models.compiled import compile_decoder
+
+    model, _ = tiny_lm
+    keys, forward = list(model.state_dict()), model.forward
+    compile_decoder(model)
+    assert list(model.state_dict()) == keys and model.forward == forward
+    twin = copy.deepcopy(model)
+    body, twin_body = decoder_and_head(model)[0], decoder_and_head(twin)[0]
+    assert getattr(body, DECODER_FORWARD).__self__ is body
+    assert getattr(twin_body, DECODER_FORWARD).__self__ is twin_body
