@@ -38,7 +38,8 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = ["DECODER_FORWARD", "SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost",
            "chunked_packed_token_logprobs", "chunked_token_logprobs", "decoder_and_head", "layout_cost", "pack_groups",
-           "pack_sequences", "packed_shape", "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
+           "pack_sequences", "packed_shape", "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs",
+           "supports_packed", "token_logprobs"]
 
 
 def pack_sequences(

@@ -16,7 +16,13 @@ graph, no padding needed; a single row specialises once). The padding does not c
 are masked out as keys of the real positions (2D masks: 0; shared-prefix 4D masks: False outside the real block,
 each padded position attending to itself only, so no softmax row is empty), padded positions come after the real
 ones (causal: they precede nothing), and the states of padded positions are cut off before the output head and
-the loss.
+the loss. Micro-batches are planned on the unpadded widths (:mod:`ggpo_lightning.core.microbatch`): a compiled
+forward's activations may exceed ``model.micro_batch.max_tokens`` by the bucket's padding (at most 64 tokens or
+12.5% per row).
+
+Measured at toy size (tests/training/test_compiled_training.py, tests/models/test_compiled.py): the compiled run's
+losses equal the eager run's to 1.2e-7 relative over 5 fp32 steps; LoRA (the reference: the adapter off, a graph of
+its own), micro-batches in one and two passes, gradient checkpointing and bf16-mixed run compiled.
 """
 
 from __future__ import annotations
