@@ -54,6 +54,9 @@ the limit dynamo would run the new shapes eagerly, silently)."""
 
 SHARDED_ERROR = ("model.compile: true is not supported with a sharding strategy (FSDP2); set model.compile: false "
                  "or trainer.strategy: ddp")
+"""Why: tried at toy size on two gloo ranks, the compiled sharded stack gives the eager log-probs and gradients, but
+FSDP2's per-layer hooks split it into a dozen compiled frames per forward (recompiled per bucket, little left to
+fuse), and the sharded run under ``ModelParallelStrategy`` (refresh, sharded checkpoints) is untested compiled."""
 
 
 def bucket_width(width: int) -> int:
@@ -68,7 +71,7 @@ def bucket_width(width: int) -> int:
 
 def compile_errors(compile: bool, sharded: bool) -> list[str]:
     """Why ``model.compile: true`` cannot run here (empty when it can, or when it is off): inductor's CPU kernels need
-    a C++ compiler; a sharded learner (FSDP2) is refused. LoRA is supported (the reference is the same stack with
+    a C++ compiler; a sharded learner (FSDP2) is refused (:data:`SHARDED_ERROR`). LoRA is supported (the reference is the same stack with
     the adapter off: a graph of its own)."""
     if not compile:
         return []
