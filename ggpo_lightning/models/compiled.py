@@ -17,7 +17,7 @@ are masked out as keys of the real positions (2D masks: 0; shared-prefix 4D mask
 each padded position attending to itself only, so no softmax row is empty), padded positions come after the real
 ones (causal: they precede nothing), and the states of padded positions are cut off before the output head and
 the loss. Micro-batches are planned on the unpadded widths (:mod:`ggpo_lightning.core.microbatch`): a compiled
-forward's activations may exceed ``model.micro_batch.max_tokens`` by the bucket's padding (at most 64 tokens or
+forward's activations may exceed ``model.micro_batch.max_tokens`` by the bucket's padding (less than 32 tokens or
 12.5% per row).
 
 Measured at toy size (tests/training/test_compiled_training.py, tests/models/test_compiled.py): the compiled run's
@@ -43,8 +43,8 @@ from ggpo_lightning.core.logprobs import DECODER_FORWARD, decoder_and_head
 __all__ = ["BUCKET_STEP", "SHARDED_ERROR", "bucket_width", "compile_decoder", "compile_errors", "compile_metrics",
            "padded_forward"]
 
-BUCKET_STEP = 64
-"""The finest width step: widths up to 1024 are padded to the next multiple of 64."""
+BUCKET_STEP = 32
+"""The finest width step: widths up to 512 are padded to the next multiple of 32."""
 
 RECOMPILE_LIMIT = 512
 """Dynamo's per-code-object graph limit while compiling decoders (its default, 8, is below one run's variants:
@@ -60,9 +60,10 @@ fuse), and the sharded run under ``ModelParallelStrategy`` (refresh, sharded che
 
 
 def bucket_width(width: int) -> int:
-    """The width a row of ``width`` tokens is padded to: the next multiple of ``max(64, p / 8)``, ``p`` the power of
-    two below ``width``. Multiples of 64 up to 1024, of 128 up to 2048, of 256 up to 4096...: at most 64 tokens or
-    12.5% of padding, and at most 16 widths up to 1024 and 8 more per doubling above (32 up to 4096)."""
+    """The width a row of ``width`` tokens is padded to: the next multiple of ``max(32, p / 8)``, ``p`` the power of
+    two below ``width``. Multiples of 32 up to 512, of 64 up to 1024, of 128 up to 2048...: less than 32 tokens or
+    12.5% of padding (m30's 262-token rows: 288), and 16 widths up to 512, 8 more per doubling above (40 up to
+    4096)."""
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     step = max(BUCKET_STEP, (1 << (width - 1).bit_length()) // 16)  # the power of two at or above width, / 16

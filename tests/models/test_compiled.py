@@ -15,11 +15,11 @@ from ggpo_lightning.records.errors import SettingsError
 
 
 def test_bucket_widths_are_few_and_pad_little():
-    assert [bucket_width(w) for w in (1, 64, 65, 500, 1024, 1025, 1060, 2049, 4096)] == \
-        [64, 64, 128, 512, 1024, 1152, 1152, 2304, 4096]
+    assert [bucket_width(w) for w in (1, 33, 64, 262, 500, 513, 1024, 1025, 1060, 2049, 4096)] == \
+        [32, 64, 64, 288, 512, 576, 1024, 1152, 1152, 2304, 4096]
     widths = {bucket_width(w) for w in range(1, 4097)}
-    assert len(widths) == 32  # 16 up to 1024, 8 per doubling above
-    assert all(bucket_width(w) - w < max(64, w / 8) for w in range(1, 4097))
+    assert len(widths) == 40  # 16 up to 512, 8 per doubling above
+    assert all(bucket_width(w) - w < max(32, w / 8) for w in range(1, 4097))
 
 
 def _padded_eagerly(model) -> None:
@@ -45,7 +45,7 @@ def _values_and_grads(model, compute):
 
 @pytest.mark.parametrize("layout", ["padded", "shared_prefix"])
 def test_bucket_padding_leaves_logprobs_and_gradients_unchanged(tiny_lm, layout):
-    """Rows padded from their width (under 16) to 64: the same log-probs and gradients, fp32, to 1e-5, in the padded
+    """Rows padded from their width (under 16) to 32: the same log-probs and gradients, fp32, to 1e-5, in the padded
     layout (2D mask) and the shared-prefix one (4D mask grown with masked columns and self-attending padding)."""
     model, tok = tiny_lm
     prompts, responses = _groups(tok)
