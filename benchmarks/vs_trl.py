@@ -18,6 +18,9 @@
    ``6 * parameters * tokens / seconds / peak`` (``--util-response-len`` tokens sampled
    from the randomly initialised m30, which rarely stops early).
 
+``--compile`` adds ``ggpo-compile`` (``ggpo-train`` with ``model.compile: true``) to the table and the compiled
+update beside the eager one to the utilization.
+
 Prints per system the median s/step (step 1 excluded), completions/s, tokens/s, peak RSS,
 the time split, the reward curve and the ratios ggpo/TRL; writes everything as JSON to
 ``--out``. On a shared machine absolute times drift: read the ratios of one run.
