@@ -18,6 +18,9 @@
    ``6 * parameters * tokens / seconds / peak`` (``--util-response-len`` tokens sampled
    from the randomly initialised m30, which rarely stops early).
 
+``--compile`` adds ``ggpo-compile`` (``ggpo-train`` with ``model.compile: true``) to the table and the compiled
+update beside the eager one to the utilization.
+
 Prints per system the median s/step (step 1 excluded), completions/s, tokens/s, peak RSS,
 the time split, the reward curve and the ratios ggpo/TRL; writes everything as JSON to
 ``--out``. On a shared machine absolute times drift: read the ratios of one run.
@@ -41,6 +44,7 @@ from workload import MODELS, PHASES, build_artifacts
 SYSTEM_FLAGS = {  # ggpo-train flags of each variant of ours
     "ggpo": [], "ggpo-grpo": ["--model.objective.name=grpo"],
     "ggpo-async": ["--model.rollout.schedule=async", "--model.rollout.max_staleness=1"],
+    "ggpo-compile": ["--model.compile=true"],
 }
 
 
@@ -48,9 +52,10 @@ def run_system(system: str, artifacts: Path, steps: int, bf16: bool, out: Path, 
                val_every: int = 0) -> dict:
     """One training run in a fresh process; its ``RESULT`` JSON (the full one, from ``out``).
 
-    ``system``: ``trl``, ``ggpo``, ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective) or ``ggpo-async``
+    ``system``: ``trl``, ``ggpo``, ``ggpo-grpo`` (``ggpo-train`` with its GRPO objective), ``ggpo-async``
     (rollouts in a child process while the learner trains, ``recipes/overlays/async.yaml``: two processes of
-    one thread each, so up to two cores against TRL's one)."""
+    one thread each, so up to two cores against TRL's one) or ``ggpo-compile`` (``model.compile: true``: its
+    compiles fall in the first steps; the medians leave out step 1 only)."""
     script = ROOT / "benchmarks" / ("trl_worker.py" if system == "trl" else "ggpo_worker.py")
     cmd = [sys.executable, str(script), "--artifacts", str(artifacts), "--steps", str(steps), "--threads", "1",
            "--lr", str(lr), "--seed", str(seed), "--out", str(out)] + (["--bf16"] if bf16 else [])
@@ -151,6 +156,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per system and setting (order alternates)")
     parser.add_argument("--async", dest="with_async", action="store_true",
                         help="also ggpo-train with asynchronous rollouts (two single-thread processes)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also ggpo-train with model.compile: true (and the utilization compiled beside eager)")
     parser.add_argument("--sft-steps", type=int, help="override the models' warm-up steps (0 for a smoke run)")
     parser.add_argument("--util-response-len", type=int, default=256, help="0 = skip the utilization measurement")
     parser.add_argument("--util-model", choices=sorted(MODELS), default="m30", help="the utilization model's shape")
@@ -165,7 +172,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for model in models:
         build_artifacts(args.artifacts, model, args.sft_steps)
-    ours = ["ggpo", "ggpo-async"] if args.with_async else ["ggpo"]
+    ours = ["ggpo"] + ["ggpo-async"] * args.with_async + ["ggpo-compile"] * args.compile
 
     rows: list[dict] = []
     for model in models:
@@ -256,16 +263,18 @@ def learner_utilization(args: argparse.Namespace, peaks: dict[str, float]) -> di
     build_artifacts(args.artifacts, args.util_model, args.sft_steps)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_update.py"),
                     "--like", str(args.artifacts / args.util_model / "model"), "--response-len", str(args.util_response_len),
-                    "--precisions", "bf16", "--repeat", "2", "--out", str(out)],
+                    "--precisions", "bf16", "--repeat", "2", "--out", str(out)] + ["--compile"] * args.compile,
                    check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     result = json.loads(out.read_text())
     for run in result["runs"]:
         peak = peaks["bfloat16" if run["precision"] == "bf16" else "float32"]
         run["utilization_of_same_precision_peak"] = run["model_flops_per_s"] / peak
         run["utilization_of_bf16_peak"] = run["model_flops_per_s"] / peaks["bfloat16"]
-        print(f"learner update, {args.util_model}, {run['precision']}, {run['tokens']} tokens/step: {run['seconds']:.3f} s, "
+        print(f"learner update, {args.util_model}, {run['precision']}{', compiled' if run['compile'] else ''}, "
+              f"{run['tokens']} tokens/step: {run['seconds']:.3f} s, "
               f"{run['model_flops_per_s'] / 1e9:.0f} GFLOP/s = {100 * run['utilization_of_bf16_peak']:.0f}% of the "
-              f"bf16 matmul peak ({100 * run['utilization_of_same_precision_peak']:.0f}% of its own precision's)")
+              f"bf16 matmul peak ({100 * run['utilization_of_same_precision_peak']:.0f}% of its own precision's)"
+              + (f"; compile {run['compile_seconds']:.0f} s" if run["compile"] else ""))
     return result
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost", "chunked_packed_token_logprobs",
-           "chunked_token_logprobs", "layout_cost", "pack_groups", "pack_sequences", "packed_shape",
-           "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs", "supports_packed", "token_logprobs"]
+__all__ = ["DECODER_FORWARD", "SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost",
+           "chunked_packed_token_logprobs", "chunked_token_logprobs", "decoder_and_head", "layout_cost", "pack_groups",
+           "pack_sequences", "packed_shape", "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs",
+           "supports_packed", "token_logprobs"]
 
 
 def pack_sequences(
@@ -188,7 +190,7 @@ def packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_size: in
 def chunked_packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_size: int) -> Tensor:
     """``packed_token_logprobs`` without its argument check: the body once, the output head in chunks."""
     inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention, position_ids=packed.position_ids)
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     if parts is None:
         with _float32_attention_on_cpu(model):
             logits = model(**inputs, use_cache=False).logits  # [R, W, V]
@@ -196,7 +198,7 @@ def chunked_packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_
         return logits.float().log_softmax(-1).gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
     body, head = parts
     with _float32_attention_on_cpu(model):
-        hidden = body(**inputs, use_cache=False).last_hidden_state  # [R, W, H]
+        hidden = _decoder_forward(body)(**inputs, use_cache=False).last_hidden_state  # [R, W, H]
     context = hidden.reshape(-1, hidden.shape[-1])[packed.context]  # [N, H]
     return _chunked_head_logprobs(head, context, packed.targets, chunk_size)
 
@@ -263,7 +265,17 @@ def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+DECODER_FORWARD = "ggpo_decoder_forward"
+"""The attribute under which a decoder stack may carry what the log-prob forwards call instead of the stack itself
+(the same arguments and outputs): its compiled forward (:mod:`ggpo_lightning.models.compiled`, ``model.compile``)."""
+
+
+def _decoder_forward(body: nn.Module) -> Callable[..., Any]:
+    """What the log-prob forwards call to run the decoder stack ``body``: its :data:`DECODER_FORWARD`, else itself."""
+    return getattr(body, DECODER_FORWARD, body)
+
+
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     """The transformer body and output head when logits are exactly ``head(body(x))``.
 
     Models that post-process logits (soft-capping, logit scaling) return None and take
@@ -315,14 +327,15 @@ def chunked_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: 
     """``token_logprobs`` without its argument checks: the body once, the output head in chunks."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # [B, L]
     targets = input_ids[target_mask]  # [N]
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     if parts is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, L, V]
         logits = logits[:, :-1]  # [B, L-1, V]
         logp = logits.float().log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return out.masked_scatter(target_mask, logp[target_mask[:, 1:]])
     body, head = parts
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # [B, L, H]
+    hidden = _decoder_forward(body)(input_ids=input_ids, attention_mask=attention_mask,
+                                    use_cache=False).last_hidden_state  # [B, L, H]
     context = hidden[:, :-1][target_mask[:, 1:]]  # [N, H]: the state that predicts each target
     return out.masked_scatter(target_mask, _chunked_head_logprobs(head, context, targets, chunk_size))
 

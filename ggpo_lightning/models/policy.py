@@ -24,6 +24,7 @@ from torch import nn
 
 from ggpo_lightning.records.errors import ResumeError, SettingsError
 from ggpo_lightning.models.checkpoint import LoraState, RunState
+from ggpo_lightning.models.compiled import SHARDED_ERROR, compile_decoder
 from ggpo_lightning.core.distributed import broadcast_from_rank0_
 from ggpo_lightning.models.sharding import copy_weights_, full_state_items, is_sharded, shard_decoder_layers
 from ggpo_lightning.models.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
@@ -42,10 +43,12 @@ class Policy:
             with a LoRA adapter when ``lora`` is set).
         lora: train a LoRA adapter instead of all weights; the reference is then the base
             with the adapter off (no second copy of the weights).
+        compile: the decoder stacks of learner and reference run compiled in their log-prob forwards
+            (:func:`~ggpo_lightning.models.compiled.compile_decoder`; not with :meth:`shard`).
     """
 
-    def __init__(self, model: nn.Module, lora: LoraSettings | None) -> None:
-        self.lora = lora
+    def __init__(self, model: nn.Module, lora: LoraSettings | None, compile: bool = False) -> None:
+        self.lora, self.compiled = lora, compile
         self.lora_merges = 0  # reference refreshes merged into the base: the base is no longer the one on disk
         if lora is None:
             self.learner = model
@@ -54,6 +57,10 @@ class Policy:
             self.base_fingerprint = base_fingerprint(model)  # what a resume checks the base against
             self.learner = wrap(model, lora)
             self.reference = None  # the learner with its adapter off
+        if compile:
+            for policy in (self.learner, self.reference):
+                if policy is not None:
+                    compile_decoder(policy)
 
     @property
     def sharded(self) -> bool:
@@ -83,6 +90,8 @@ class Policy:
         lengths."""
         if self.sharded:
             return
+        if self.compiled:
+            raise SettingsError(SHARDED_ERROR)
         if self.lora is not None:
             raise SettingsError("model.lora is not supported with ModelParallelStrategy (FSDP2) yet; use "
                                 "trainer.strategy: ddp for LoRA on several devices")

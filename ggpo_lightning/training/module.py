@@ -45,6 +45,7 @@ from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.core.step_loss import StepLoss
 from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
+from ggpo_lightning.models.compiled import compile_metrics
 from ggpo_lightning.models.export import Writer, export_targets
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.models.lora import LoraSettings
@@ -107,6 +108,10 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
             exact: :mod:`ggpo_lightning.core.microbatch`); None = the whole step in one pass.
         lr_scheduler: warmup and constant / linear / cosine decay of the optimizer's learning rate
             (:mod:`ggpo_lightning.core.schedule`); None = constant, no scheduler.
+        compile: run the decoder stack of the learner and of the reference under ``torch.compile`` in their log-prob
+            forwards (not generation), rows padded to a few width buckets (:mod:`ggpo_lightning.models.compiled`).
+            Costs compile time at the first step and at each new bucket (on CPU tens of seconds per graph; a C++
+            compiler needed); the step's metrics carry ``compile/seconds`` and ``compile/compiles``. Not with FSDP2.
     """
 
     resume_mismatch_ok = False
@@ -131,6 +136,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         lora: LoraSettings | None = None,
         micro_batch: MicroBatchConfig | None = None,
         lr_scheduler: LRScheduleConfig | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.objective_config = objective or ObjectiveConfig()
@@ -141,7 +147,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.verifier_health = VerifierHealth(verifier_health or VerifierHealthConfig())
         check_settings(self.objective_config, self.rollout_config, self.eval_config, verifier, verifier_timeout,
                        self.verifier_health.config, ref_refresh_every, max_nan_steps, lora, self.micro_batch,
-                       lr_scheduler)
+                       lr_scheduler, compile)
         self.objective = get_objective(self.objective_config.name)
         self.verifier_spec, self.verifier_timeout = verifier, verifier_timeout
         self.ref_refresh_every, self.optimizer_factory = ref_refresh_every, optimizer
@@ -161,7 +167,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         engine = make_engine(model, self.tokenizer, self.rollout_config, model_name_or_path, lora=lora is not None,
                              record_logprobs=True, uses_behavior_logp=self.objective.uses_behavior_logp,
                              lora_rank=lora.r if lora else None)
-        self.policy = Policy(model, lora)
+        self.policy = Policy(model, lora, compile)
         self.anchor_weight = self.objective_config.anchor_weight(self.rollout_config.staleness_limit)
         self.learner, self.reference = self.policy.learner, self.policy.reference  # registered: checkpoint keys
         self.group_rollout = GroupRollout(engine, self.tokenizer, self.rollout_config, chat_template)
@@ -262,6 +268,11 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.record_step_metrics({f"train/{k}": v for k, v in metrics.items()}, nan_means_none=True)
         # the step's clock and token count go to on_train_batch_end, which runs after the update
         return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.policy.compiled:  # after the backward: its graphs' compile time counted in the step's row
+            self.record_step_metrics({f"train/{k}": v for k, v in compile_metrics().items()})
+        super().on_train_batch_end(outputs, batch, batch_idx)
 
     def pack(self, groups) -> StepBatch:
         """The step's groups as tensors on this device (with what the objective needs)."""

@@ -8,6 +8,7 @@ parsed recipe (``GGPOTrainCLI.before_instantiate_classes``) and checks:
   the prompt files (exist, UTF-8, JSON objects, non-empty prompts; errors name
   ``file:line``) and the behavior buffer file;
 - the optimizer's learning rate;
+- ``model.compile: true`` against the strategy (not with FSDP2) and this machine (a C++ compiler);
 - ``model.rollout.schedule: async`` against the data mode and the number of processes;
 - with ``model.rollout.servers`` given as URLs, that each server answers with the RL routes, the flags the trainer
   needs and this model's vocabulary;
@@ -38,6 +39,7 @@ from ggpo_lightning.core.distributed import launched_as_global_rank_zero
 from ggpo_lightning.records.errors import DataError, MissingFileError, SettingsError
 from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.checkpoint_io import check_checkpoint
+from ggpo_lightning.models.compiled import compile_errors
 from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape
@@ -59,6 +61,7 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     _check_optimizer(config["model"].get("optimizer"))
     check_model_settings(config["model"])  # the recipe's own consistency first, then what this machine has
     _check_processes(config)
+    _check_compile(config)
     _check_engine_installed(config["model"].get("rollout") or {})
     _check_packages(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
@@ -156,6 +159,21 @@ def _check_processes(config: dict[str, Any]) -> None:
             raise SettingsError(errors[0])
 
 
+def _strategy_name(trainer: dict[str, Any]) -> str:
+    """``trainer.strategy`` as its class path or Lightning name (a dict's ``class_path``)."""
+    strategy = trainer.get("strategy")
+    return str(strategy.get("class_path") if isinstance(strategy, dict) else strategy)
+
+
+def _check_compile(config: dict[str, Any]) -> None:
+    """``model.compile: true`` with a sharding strategy (FSDP2, which :func:`compile_errors` refuses; the module's
+    own check sees no trainer)."""
+    sharded = any(name in _strategy_name(config.get("trainer") or {}) for name in SHARDING_STRATEGIES)
+    errors = compile_errors(bool(config["model"].get("compile")), sharded)
+    if errors:
+        raise SettingsError(errors[0])
+
+
 def _tokenizer_and_config(name_or_path: str):
     from transformers import AutoConfig
 
@@ -198,8 +216,7 @@ def run_memory_estimate(config: dict[str, Any], model_config: Any, prompt_tokens
     rollout = build_config(RolloutConfig, model.get("rollout"))
     lora = build_config(LoraSettings, model["lora"]) if model.get("lora") else None
     processes = _processes(trainer)
-    strategy = trainer.get("strategy")
-    strategy_name = str(strategy.get("class_path") if isinstance(strategy, dict) else strategy)
+    strategy_name = _strategy_name(trainer)
     sharded = processes > 1 and any(name in strategy_name for name in SHARDING_STRATEGIES)
     optimizer = model.get("optimizer")
     optimizer_name = str(optimizer.get("class_path", "") if isinstance(optimizer, dict) else "").rsplit(".", 1)[-1]

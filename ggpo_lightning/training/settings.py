@@ -10,6 +10,7 @@ from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.core.objectives import ObjectiveConfig, get_objective
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.evaluation.accuracy import EvalConfig
+from ggpo_lightning.models.compiled import compile_errors
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
@@ -21,12 +22,13 @@ __all__ = ["build_config", "check_model_settings", "check_settings", "run_settin
 def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluation: EvalConfig,
                    verifier: str | dict, verifier_timeout: float, health: VerifierHealthConfig,
                    ref_refresh_every: int, max_nan_steps: int, lora: LoraSettings | None,
-                   micro_batch: MicroBatchConfig, lr_schedule: LRScheduleConfig | None) -> None:
+                   micro_batch: MicroBatchConfig, lr_schedule: LRScheduleConfig | None, compile: bool = False) -> None:
     """Raise one SettingsError listing every invalid setting (the configs' own ``errors()`` and the module's)."""
     from ggpo_verifiers import verifier_class
 
     errors = objective.errors() + rollout.errors() + evaluation.errors() + (lora.errors() if lora else [])
     errors += health.errors() + micro_batch.errors() + (lr_schedule.errors() if lr_schedule else [])
+    errors += compile_errors(compile, sharded=False)  # the strategy is the trainer's: checked by the preflight
     name = verifier if isinstance(verifier, str) else verifier.get("class_path") if isinstance(verifier, dict) else None
     if name is not None:
         try:  # a registered name, an entry point or a class path, as get_verifier accepts
@@ -62,7 +64,8 @@ def check_model_settings(model: dict[str, Any]) -> None:
                    model.get("verifier_timeout", 5.0), build_config(VerifierHealthConfig, model.get("verifier_health")),
                    model.get("ref_refresh_every", 160), model.get("max_nan_steps", 10),
                    build_config(LoraSettings, lora) if lora else None, build_config(MicroBatchConfig, model.get("micro_batch")),
-                   build_config(LRScheduleConfig, model["lr_scheduler"]) if model.get("lr_scheduler") else None)
+                   build_config(LRScheduleConfig, model["lr_scheduler"]) if model.get("lr_scheduler") else None,
+                   bool(model.get("compile", False)))
 
 
 def build_config(cls: type, value: Any) -> Any:

@@ -78,17 +78,19 @@ def test_vs_trl_runs_both_trainers_on_the_same_workload_and_reports_ratios(tmp_p
 
 @pytest.mark.slow
 def test_vs_trl_async_learning_check_and_utilization(tmp_path):
-    """The rest of ``vs_trl.py`` at toy size: asynchronous rollouts beside sync, the learning check (TRL, ours with
-    GGPO and with GRPO) with our accuracy curve, and the learner-utilization script."""
+    """The rest of ``vs_trl.py`` at toy size: asynchronous rollouts and ``model.compile`` beside sync, the learning
+    check (TRL, ours with GGPO and with GRPO) with our accuracy curve, and the learner-utilization script, eager and
+    compiled."""
     out = tmp_path / "out"
-    run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "3", "--async",
+    run_script("vs_trl.py", "--models", "tiny", "--precisions", "fp32", "--steps", "3", "--async", "--compile",
                "--learning-steps", "4", "--learning-seeds", "42", "--learning-val-every", "2",
                "--util-response-len", "8", "--util-model", "tiny", "--sft-steps", "0",
                "--artifacts", str(tmp_path / "artifacts"), "--out", str(out))
     report = json.loads((out / "vs_trl.json").read_text())
     (row,) = report["rows"]
-    assert row["systems"] == ["trl", "ggpo", "ggpo-async"]
-    assert all(seconds >= 0 for seconds in row["ggpo-async"]["phase_s"].values()), row["ggpo-async"]["phase_s"]
+    assert row["systems"] == ["trl", "ggpo", "ggpo-async", "ggpo-compile"]
+    for system in ("ggpo-async", "ggpo-compile"):
+        assert all(seconds >= 0 for seconds in row[system]["phase_s"].values()), row[system]["phase_s"]
     learning = report["learning"]
     assert set(learning) == {"trl", "ggpo", "ggpo-grpo"}
     for system in ("ggpo", "ggpo-grpo"):
@@ -96,8 +98,30 @@ def test_vs_trl_async_learning_check_and_utilization(tmp_path):
         assert share is None or share > 0
     curve = json.loads((out / "learning_tiny_ggpo_seed42.json").read_text())["accuracy_curve"]
     assert [p["step"] for p in curve] == [2, 4] and curve[0]["train_seconds"] < curve[1]["train_seconds"]
-    (update,) = report["utilization"]["runs"]
-    assert update["response_tokens"] == 8 * 8 * 8 and update["model_flops_per_s"] > 0
+    eager, compiled = report["utilization"]["runs"]
+    assert not eager["compile"] and compiled["compile"] and compiled["compile_seconds"] > 0
+    for update in (eager, compiled):
+        assert update["response_tokens"] == 8 * 8 * 8 and update["model_flops_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_learner_update_compiled_beside_eager_on_a_qwen3_shape(tmp_path):
+    """``learner_update.py`` as the 0.5B measurement runs it (``--shape``, prompts, micro-batches, ``--compile``,
+    ``--peak``) at toy size: eager then compiled, the same token counts, the compiles in the warm-up update only, and
+    the share of the matmul peak."""
+    from workload import build_artifacts
+
+    folder = build_artifacts(tmp_path, "tiny", sft_steps=0)
+    out = tmp_path / "update.json"
+    run_script("learner_update.py", "--like", str(folder / "model"), "--shape", "qwen3-toy", "--prompts", "2",
+               "--response-len", "40", "--max-tokens", "100", "--precisions", "fp32", "--repeat", "1", "--compile",
+               "--peak", "--out", str(out))
+    eager, compiled = json.loads(out.read_text())["runs"]
+    assert (eager["compile"], compiled["compile"]) == (False, True) and eager["tokens"] == compiled["tokens"]
+    assert eager["parameters"] == compiled["parameters"] == 106_880 and eager["max_tokens"] == 100
+    assert 0 < compiled["compile_seconds"] < compiled["warm_up_seconds"] and compiled["compiles"] >= 3
+    assert compiled["compiles_after_warm_up"] == 0
+    assert all(0 < run["share_of_matmul_peak"] < 1 for run in (eager, compiled))
 
 
 def test_train_step_prints_both_phases():
