@@ -11,7 +11,9 @@ from reference_decode import reference_sample_responses
 from weight_swap import final_norm_changed
 
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses, sample_responses
+from ggpo_lightning.rollouts import hf_engine
+from ggpo_lightning.rollouts.hf_engine import (STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
+                                              sample_responses)
 
 LOGPROB_ATOL = 1e-5
 """fp32: the new loop attends over its whole preallocated cache (masked) and runs the prompts once per group, so its
@@ -38,9 +40,12 @@ def _ragged_prompts(tok) -> list[list[int]]:
                          ids=["greedy", "t1", "t0.7-p0.9", "t1.4-k5"])
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("record_logprobs", [False, True])
-def test_the_new_loop_gives_the_old_loops_responses_for_a_seed(lm, decoding, n, record_logprobs):
+@pytest.mark.parametrize("every", [1, STOP_CHECK_EVERY], ids=["cpu", "accelerator"])
+def test_the_new_loop_gives_the_old_loops_responses_for_a_seed(lm, decoding, n, record_logprobs, every, monkeypatch):
     """Token ids identical and log-probs within LOGPROB_ATOL, sampled and greedy, one response per prompt or a
-    group sharing its prompt, ragged prompts; past several stop checks, so rows are dropped on the way."""
+    group sharing its prompt, ragged prompts; past several stop checks, so rows are dropped on the way; with the
+    CPU's look at every step and an accelerator's every STOP_CHECK_EVERY (steps after the last row stopped)."""
+    monkeypatch.setattr(hf_engine, "_stop_check_every", lambda device: every)
     model, tok = lm
     prompts = _ragged_prompts(tok)
     results, streams = [], []

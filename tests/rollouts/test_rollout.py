@@ -7,6 +7,7 @@ import torch
 
 from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
+from ggpo_lightning.rollouts import hf_engine
 from ggpo_lightning.rollouts.engine import RolloutEngine
 from ggpo_lightning.rollouts.hf_engine import (COMPACT_BELOW, STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
                                               sample_responses)
@@ -167,10 +168,17 @@ def test_sampling_gives_transformers_generate_responses_for_the_same_seed(tiny_l
         assert ours == expected
 
 
-def test_finished_rows_leave_the_batch_at_the_stop_checks(tiny_lm):
-    """The prompts run once per prompt, then every step feeds the whole batch until a stop check (every
-    STOP_CHECK_EVERY steps) finds fewer than COMPACT_BELOW of its rows going and drops the others; decoding ends at
-    the first check with none going."""
+def test_the_rows_are_looked_at_every_step_on_the_cpu_and_every_few_on_an_accelerator():
+    assert hf_engine._stop_check_every(torch.device("cpu")) == 1
+    assert hf_engine._stop_check_every(torch.device("cuda", 0)) == STOP_CHECK_EVERY > 1
+
+
+@pytest.mark.parametrize("every", [1, STOP_CHECK_EVERY], ids=["cpu", "accelerator"])
+def test_finished_rows_leave_the_batch_at_the_stop_checks(tiny_lm, monkeypatch, every):
+    """The prompts run once per prompt, then every step feeds the whole batch until a stop check (every step on the
+    CPU, every STOP_CHECK_EVERY steps on an accelerator) finds fewer than COMPACT_BELOW of its rows going and drops
+    the others; decoding ends at the first check with none going."""
+    monkeypatch.setattr(hf_engine, "_stop_check_every", lambda device: every)
     model, tok = tiny_lm
     prompts = [tok(text)["input_ids"] for text in ("1+2=", "+", "9", "+++", "14+4=", "7+7=", "+ +", "5")]
     rows_per_forward = []
@@ -183,7 +191,7 @@ def test_finished_rows_leave_the_batch_at_the_stop_checks(tiny_lm):
     ends = [len(r) - 1 if r[-1] == tok.eos_token_id else 30 for r in responses]  # the step each row stopped after
     expected, batch = [len(prompts)], len(responses)
     for t in range(29):
-        if (t + 1) % STOP_CHECK_EVERY == 0:
+        if (t + 1) % every == 0:
             going = sum(end > t for end in ends)
             if going == 0:
                 break
