@@ -78,19 +78,19 @@ class InFlightUpdates:
             draw = random.Random(f"{self.seed}:{self.pending[1]}").random()
             self._swap_at = 1 + int(draw * (length - 1))
             self.engine.before_step = self._before_step
+        swap_at = self._swap_at
         try:
             generations = self.engine.generate(prompt_ids, n, sampling)
         finally:
-            self.engine.before_step = None
+            self.engine.before_step, self._swap_at = None, None
         responses = [ids for g in generations for ids in g.response_ids]
         self.mean_length = sum(map(len, responses)) / max(1, len(responses))
         self.rolled_out = True
         self._metrics = {}
-        if self._swap_at is not None:
+        if swap_at is not None:
             straddling = sum(first < last for g in generations for first, last in g.versions)
             self._metrics = {"in_flight_straddling": straddling / max(1, len(responses)),
-                             "in_flight_swap_step": float(self._swap_at)}
-        self._swap_at = None
+                             "in_flight_swap_step": float(swap_at)}
         self._apply_pending()  # every response finished before the drawn step: the weights land after the rollout
         return generations
 
