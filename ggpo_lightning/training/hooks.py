@@ -15,6 +15,7 @@ import lightning as L
 import torch
 
 from ggpo_lightning.core.schedule import LRScheduleConfig, lr_multiplier
+from ggpo_lightning.models.compiled import compile_metrics
 from ggpo_lightning.models.policy import Policy
 from ggpo_lightning.records.errors import SettingsError
 
@@ -90,6 +91,8 @@ class UpdateHooks(L.LightningModule):
             if self.device.type == "cuda":  # the run's peak so far, to hold against the estimate printed at start
                 metrics["train/peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
             self.record_step_metrics(metrics)
+        if self.policy.compiled:  # after the backward: its graphs' compile time counted in the step's row
+            self.record_step_metrics({f"train/{k}": v for k, v in compile_metrics().items()})
         _write_row(self.trainer, self.last_step_metrics)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:

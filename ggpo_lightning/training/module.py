@@ -45,7 +45,6 @@ from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get
 from ggpo_lightning.core.schedule import LRScheduleConfig
 from ggpo_lightning.core.step_loss import StepLoss
 from ggpo_lightning.evaluation.accuracy import EvalConfig, heldout_accuracy
-from ggpo_lightning.models.compiled import compile_metrics
 from ggpo_lightning.models.export import Writer, export_targets
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.models.lora import LoraSettings
@@ -108,10 +107,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
             exact: :mod:`ggpo_lightning.core.microbatch`); None = the whole step in one pass.
         lr_scheduler: warmup and constant / linear / cosine decay of the optimizer's learning rate
             (:mod:`ggpo_lightning.core.schedule`); None = constant, no scheduler.
-        compile: run the decoder stack of the learner and of the reference under ``torch.compile`` in their log-prob
-            forwards (not generation), rows padded to a few width buckets (:mod:`ggpo_lightning.models.compiled`).
-            Costs compile time at the first step and at each new bucket (on CPU tens of seconds per graph; a C++
-            compiler needed); the step's metrics carry ``compile/seconds`` and ``compile/compiles``. Not with FSDP2.
+        compile: the learner's and reference's log-prob forwards compiled (:mod:`ggpo_lightning.models.compiled`).
     """
 
     resume_mismatch_ok = False
@@ -268,11 +264,6 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
         self.record_step_metrics({f"train/{k}": v for k, v in metrics.items()}, nan_means_none=True)
         # the step's clock and token count go to on_train_batch_end, which runs after the update
         return {"loss": loss, "train_start": start, "train_tokens": batch.tokens}
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.policy.compiled:  # after the backward: its graphs' compile time counted in the step's row
-            self.record_step_metrics({f"train/{k}": v for k, v in compile_metrics().items()})
-        super().on_train_batch_end(outputs, batch, batch_idx)
 
     def pack(self, groups) -> StepBatch:
         """The step's groups as tensors on this device (with what the objective needs)."""
