@@ -254,8 +254,7 @@ def _recording(before_step: StepHook, version: int, step_versions: list[int]) ->
     versions of a response's first and last token follow from its length, read back with the tokens."""
     def hook(t: int) -> None:
         changed = before_step(t)
-        step_versions.append(step_versions[-1] if changed is None and step_versions else
-                             version if changed is None else changed)
+        step_versions.append(changed if changed is not None else step_versions[-1] if step_versions else version)
     return hook
 
 
