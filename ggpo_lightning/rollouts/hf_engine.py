@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from transformers import (LogitsProcessor, LogitsProcessorList, StaticCache, TemperatureLogitsWarper,
                           TopKLogitsWarper, TopPLogitsWarper)
+from transformers.cache_utils import Cache, DynamicLayer
 
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.engine import Generation, Weights, copy_pairs
@@ -309,7 +310,8 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
 
     The prompts are run once each (``G`` rows, on transformers' ``DynamicCache``), and their keys and values written
     ``n`` times into a preallocated ``StaticCache`` of ``G * n`` rows and ``P + max_new_tokens - 1`` positions (the
-    last sampled token is never fed back), with the attention mask beside it, filled as decoding goes. Then nothing
+    last sampled token is never fed back; other layer kinds: :func:`_decoding_cache`), with the attention mask beside
+    it, filled as decoding goes. Then nothing
     is reallocated per token, and nothing is read back to the host but once every :data:`STOP_CHECK_EVERY` steps,
     a look (every row finished? drop the finished rows, below :data:`COMPACT_BELOW`?; on the CPU, where a read-back
     waits for nothing, at every step: :func:`_stop_check_every`): the tokens and log-probs are written
@@ -331,12 +333,7 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                 **keep_logits)
     (name, prompts_cache), = _cache_of(out).items()
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens - 1)
-    for layer, prompt_layer in enumerate(prompts_cache.layers):
-        if getattr(prompt_layer, "is_sliding", False):
-            raise NotImplementedError("decoding models with sliding-window attention layers is not supported")
-        cache.update(prompt_layer.keys.repeat_interleave(n, 0), prompt_layer.values.repeat_interleave(n, 0),
-                     layer)  # [B, heads, P, head_dim] into positions 0 .. P - 1
+    cache, grows = _decoding_cache(prompts_cache, model.config, n, width + max_new_tokens - 1)
     mask = attention.new_zeros((batch, width + max_new_tokens - 1))  # [B, P + T - 1]
     mask[:, :width] = attention.repeat_interleave(n, 0)  # [B, P]
     position = positions[:, -1].repeat_interleave(n, 0)  # [b] of the last token fed
@@ -378,7 +375,8 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
         position = position + 1  # [b]
         if before_step is not None:
             before_step(t + 1)
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None], use_cache=True,
+        seen = mask[:, :width + t + 1] if grows else mask  # [b, P + t + 1] or [b, P + T - 1]
+        out = model(input_ids=chosen[:, None], attention_mask=seen, position_ids=position[:, None], use_cache=True,
                     **{name: cache})
         logits = out.logits[:, -1, :].float()  # [b, V]
     bad, steps = torch.stack([broken.long(), active]).tolist()
@@ -386,6 +384,25 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     if stream is not None:
         stream.rewind(steps)
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+def _decoding_cache(prompts_cache: Cache, config, n: int, length: int) -> tuple[Cache, bool]:
+    """The cache the decoding steps write into, holding each prompt's keys and values ``n`` times (rows ``i*n ..
+    i*n+n-1``: prompt ``i``), and whether it grows by a position per step (its attention mask is then cut to its
+    length at each step).
+
+    A ``StaticCache`` of ``length`` positions when every layer of the prompts' cache is a plain full-attention
+    ``DynamicLayer``; otherwise (sliding-window attention layers, which keep only the window, linear-attention or
+    indexed layers) transformers' own cache of the prompts, repeated in place: it grows at every token as the loop
+    before issue 42 did, and such models decode as they did then."""
+    if not all(type(layer) is DynamicLayer for layer in prompts_cache.layers):
+        prompts_cache.batch_repeat_interleave(n)
+        return prompts_cache, True
+    cache = StaticCache(config=config, max_cache_len=length)
+    for index, layer in enumerate(prompts_cache.layers):
+        cache.update(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0),
+                     index)  # [B, heads, P, head_dim] into positions 0 .. P - 1
+    return cache, False
 
 
 class _RandomStream:

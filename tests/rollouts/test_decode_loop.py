@@ -121,3 +121,33 @@ def test_non_finite_logits_stop_the_rollout_with_a_clear_error(tiny_lm, do_sampl
         model.lm_head.weight[5].fill_(float("nan"))  # every row's logit of token 5: NaN from the first step
     with pytest.raises(FloatingPointError, match="NaN or infinite"):
         sample_responses(model, tok, _ragged_prompts(tok), 12, n=2, do_sample=do_sample)
+
+
+@pytest.mark.parametrize("every", [1, STOP_CHECK_EVERY], ids=["cpu", "accelerator"])
+def test_a_model_with_sliding_window_layers_decodes_as_the_old_loop(qwen3_model_dir, every, monkeypatch):
+    """Sliding-window layers keep only the window in transformers' cache, so they cannot be copied into the static
+    cache: such a model decodes on transformers' own growing cache, and gives the old loop's responses (a window of 4
+    tokens, shorter than the prompts and the responses, on every other layer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ggpo_lightning.models.loading import load_tokenizer
+
+    monkeypatch.setattr(hf_engine, "_stop_check_every", lambda device: every)
+    config = AutoConfig.from_pretrained(qwen3_model_dir)
+    config.use_sliding_window, config.sliding_window = True, 4
+    config.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                          for i in range(config.num_hidden_layers)]
+    torch.manual_seed(0)
+    model, tok = AutoModelForCausalLM.from_config(config).eval(), load_tokenizer(qwen3_model_dir)
+    prompts = [ids + ids for ids in _ragged_prompts(tok)]  # 2 to 12 tokens
+    results = []
+    for sample in (reference_sample_responses, sample_responses):
+        torch.manual_seed(3)
+        results.append(sample(model, tok, prompts, 16, n=2, record_logprobs=True, do_sample=True, temperature=1.0))
+    (old, old_logprobs), new = results
+    assert new.responses == old
+    assert max(len(r) for r in old) > 4  # decoded past the window
+    for got, want in zip(new.logprobs, old_logprobs):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=LOGPROB_ATOL)
+    cache = model(input_ids=torch.tensor([prompts[1]]), use_cache=True).past_key_values
+    assert any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers)  # the case it covers
