@@ -43,8 +43,9 @@ from ggpo_lightning.core.logprobs import DECODER_FORWARD, decoder_and_head
 __all__ = ["BUCKET_STEP", "SHARDED_ERROR", "bucket_width", "compile_decoder", "compile_errors", "compile_metrics",
            "padded_forward"]
 
-BUCKET_STEP = 32
-"""The finest width step: widths up to 512 are padded to the next multiple of 32."""
+BUCKET_STEP = 8
+"""The finest width step: widths up to 128 are padded to the next multiple of 8 (short packed rows, such as a group
+of 8 short responses sharing a 20-token prompt, ~35 tokens, padded to 64 by a step of 32, nearly doubled the work)."""
 
 RECOMPILE_LIMIT = 512
 """Dynamo's per-code-object graph limit while compiling decoders (its default, 8, is below one run's variants:
@@ -60,10 +61,10 @@ fuse), and the sharded run under ``ModelParallelStrategy`` (refresh, sharded che
 
 
 def bucket_width(width: int) -> int:
-    """The width a row of ``width`` tokens is padded to: the next multiple of ``max(32, p / 8)``, ``p`` the power of
-    two below ``width``. Multiples of 32 up to 512, of 64 up to 1024, of 128 up to 2048...: less than 32 tokens or
-    12.5% of padding (m30's 262-token rows: 288), and 16 widths up to 512, 8 more per doubling above (40 up to
-    4096)."""
+    """The width a row of ``width`` tokens is padded to: the next multiple of ``max(8, p / 8)``, ``p`` the power of
+    two below ``width``. Multiples of 8 up to 128, of 16 up to 256, of 32 up to 512, of 64 up to 1024...: less than 8
+    tokens or 12.5% of padding (m30's 262-token rows: 288), and 16 widths up to 128, 8 more per doubling above (56 up
+    to 4096)."""
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     step = max(BUCKET_STEP, (1 << (width - 1).bit_length()) // 16)  # the power of two at or above width, / 16

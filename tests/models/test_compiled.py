@@ -15,11 +15,11 @@ from ggpo_lightning.records.errors import SettingsError
 
 
 def test_bucket_widths_are_few_and_pad_little():
-    assert [bucket_width(w) for w in (1, 33, 64, 262, 500, 513, 1024, 1025, 1060, 2049, 4096)] == \
-        [32, 64, 64, 288, 512, 576, 1024, 1152, 1152, 2304, 4096]
+    assert [bucket_width(w) for w in (1, 33, 35, 64, 129, 262, 500, 513, 1024, 1025, 1060, 2049, 4096)] == \
+        [8, 40, 40, 64, 144, 288, 512, 576, 1024, 1152, 1152, 2304, 4096]
     widths = {bucket_width(w) for w in range(1, 4097)}
-    assert len(widths) == 40  # 16 up to 512, 8 per doubling above
-    assert all(bucket_width(w) - w < max(32, w / 8) for w in range(1, 4097))
+    assert len(widths) == 56  # 16 up to 128, 8 per doubling above
+    assert all(bucket_width(w) - w < max(8, w / 8) for w in range(1, 4097))
 
 
 def _padded_eagerly(model) -> None:
