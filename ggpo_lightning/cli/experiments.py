@@ -46,7 +46,10 @@ def sweep_command(grid_file: Path, dry_run: bool, shard: str) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write report.md and PNG plots here (plots need matplotlib; without it the tables only).")
 @click.option("--settings", default=None, help="Comma-separated column order, e.g. sync1,sync8,sync32,offline.")
-def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str | None) -> None:
+@click.option("--lead-plot", default=None,
+              help="Comma-separated settings (e.g. sync1,sync4,sync16,sync64) for lead_vs_staleness.png: GGPO's lead "
+                   "over the best of GRPO and its corrections against their measured mean staleness.")
+def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str | None, lead_plot: str | None) -> None:
     """Final held-out accuracy (mean ± std over seeds) per objective x setting for RUN_DIRS
     (run directories, or folders holding them), and learning-curve plots.
 
@@ -54,8 +57,8 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     reported, and the exit code is 1. Unfinished runs (no summary.json) are named and
     left out.
     """
-    from ggpo_lightning.lab.report import (STEP_MEANS, collect_runs, gain_table, markdown_table, plot_curves,
-                                           step_mean_table)
+    from ggpo_lightning.lab.report import (STEP_MEANS, collect_runs, gain_table, lead_table, markdown_table,
+                                           plot_curves, plot_lead, step_mean_table)
 
     runs, errors = collect_runs(list(run_dirs))
     for error in errors:
@@ -71,11 +74,16 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
                 ("Gain over the starting model (points)", gain_table(runs, order))]
     sections += [(f"{title}, mean over the run's steps", step_mean_table(runs, metric, order))
                  for metric, (title, _) in STEP_MEANS.items()]
+    leading = lead_table(runs, settings_order=order)
+    if leading.count("\n") > 2:  # a GGPO and a rival ran in some setting
+        sections.append(("GGPO's lead over the best of GRPO and its corrections (paired by seed)", leading))
     text = "".join(f"## {title}\n\n{table}\n" for title, table in sections)
     click.echo(text)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         plots = plot_curves(runs, out, order) if installed("matplotlib") else []
+        if lead_plot and plots:
+            plots.append(plot_lead(runs, out, [s.strip() for s in lead_plot.split(",")]))
         atomic_write_text(out / "report.md", text + "".join(f"![{p.stem}]({p.name})\n" for p in plots))
         click.echo(f"report written to {out / 'report.md'} with {len(plots)} plots")
         if not installed("matplotlib"):  # the tables are written all the same

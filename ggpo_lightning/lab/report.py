@@ -22,13 +22,16 @@ from ggpo_lightning.records.atomic import atomic_write_bytes
 from ggpo_lightning.records.extras import require
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
-__all__ = ["Run", "STEP_MEANS", "collect_runs", "gain_table", "markdown_table", "plot_curves", "step_mean_table"]
+__all__ = ["Lead", "RIVALS", "Run", "STEP_MEANS", "collect_runs", "gain_table", "lead_table", "leads", "markdown_table",
+           "plot_curves", "plot_lead", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
 # recipes/baselines/ggpo-paper.yaml): side by side in every table and plot; GRPO's corrections for stale rollouts
 # (recipes/baselines/grpo-*.yaml) are told apart from plain GRPO by their overlay's name
 OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "grpo-tis", "grpo-seq-tis", "grpo-seq-mask",
                    "grpo-icepop", "grpo-opsm", "maxrl")
+RIVALS = ("grpo", "grpo-tis", "grpo-seq-tis", "grpo-seq-mask", "grpo-icepop", "grpo-opsm")
+"""GRPO and its corrections for stale rollouts: the objectives GGPO's lead is measured against (:func:`leads`)."""
 
 STEP_MEANS = {
     "kl_behavior_k1": ("Drift: KL(mu || pi) on the behavior samples, per sequence (nats)", 3),
@@ -38,6 +41,7 @@ STEP_MEANS = {
     "coverage_log_ratio_max": ("Coverage: largest log pi/mu of a step, a lower bound on log C (nats)", 2),
     "coverage_ess_share": ("Effective sample size of pi/mu, share of the step's responses", 3),
     "response_length": ("Mean response length (tokens)", 1),
+    "staleness": ("Staleness: optimizer steps since the weights that sampled a step's groups, their mean", 2),
 }
 """Per-step metrics (``train/<name>``, docs/METHOD.md#diagnostics) whose mean over a run's steps the report tables:
 the name -> (the table's title, decimals)."""
@@ -200,6 +204,56 @@ def step_mean_table(runs: list[Run], metric: str, settings_order: list[str] | No
     return _table(runs, settings_order, lambda r: r.step_means.get(metric), cell)
 
 
+@dataclass
+class Lead:
+    """A leader's lead over the best rival in one setting: ``differences`` are leader minus rival final held-out
+    accuracy, one per seed both ran (seeds share a starting model, so the difference is paired)."""
+
+    setting: str
+    staleness: float | None
+    """The mean over the setting's runs of their mean ``train/staleness`` (None where none logged it)."""
+    rival: str
+    """The rival (of :data:`RIVALS`) with the highest mean final accuracy over its seeds in this setting."""
+    rival_accuracy: float
+    leader_accuracy: float
+    differences: list[float]
+
+
+def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None) -> list[Lead]:
+    """``leader``'s lead over the best of :data:`RIVALS` in each setting where both ran, in ``settings_order``."""
+    def accuracy(objective: str, setting: str) -> dict[int | None, float]:
+        return {r.seed: r.final_accuracy for r in runs
+                if r.objective == objective and r.setting == setting and r.final_accuracy is not None}
+
+    found = []
+    for setting in settings_order or _ordered({r.setting for r in runs}):
+        ours = accuracy(leader, setting)
+        rivals = {rival: by_seed for rival in RIVALS if (by_seed := accuracy(rival, setting))}
+        if not ours or not rivals:
+            continue
+        best = max(rivals, key=lambda rival: statistics.fmean(rivals[rival].values()))
+        staleness = [r.step_means["staleness"] for r in runs if r.setting == setting and "staleness" in r.step_means]
+        found.append(Lead(setting, statistics.fmean(staleness) if staleness else None, best,
+                          statistics.fmean(rivals[best].values()), statistics.fmean(ours.values()),
+                          [ours[seed] - rivals[best][seed] for seed in sorted(ours.keys() & rivals[best].keys(),
+                                                                                key=str)]))
+    return found
+
+
+def lead_table(runs: list[Run], leaders: tuple[str, ...] = ("ggpo", "ggpo-paper"),
+               settings_order: list[str] | None = None) -> str:
+    """Per leader and setting: the best rival and its accuracy, the leader's, and the paired lead in points (mean ±
+    sample std over the seeds both ran)."""
+    lines = ["| objective | setting | mean staleness | best of GRPO and its corrections | its accuracy (%) "
+             "| accuracy (%) | lead (points) |", "|---" * 7 + "|"]
+    for leader in leaders:
+        for lead in leads(runs, leader, settings_order):
+            staleness = "–" if lead.staleness is None else f"{lead.staleness:.2f}"
+            lines.append(f"| {leader} | {lead.setting} | {staleness} | {lead.rival} | {100 * lead.rival_accuracy:.1f} "
+                         f"| {100 * lead.leader_accuracy:.1f} | {_mean_std(lead.differences)} |")
+    return "\n".join(lines) + "\n"
+
+
 def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float]]:
     """Mean and sample std over seeds at the x values all curves share (runs of one cell log at the same
     steps); std 0 for a single curve."""
@@ -266,11 +320,54 @@ def plot_curves(runs: list[Run], directory: str | os.PathLike, settings_order: l
             ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(settings):]:
             ax.set_visible(False)
-        fig.tight_layout()
-        target = directory / filename
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=110)
-        plt.close(fig)
-        atomic_write_bytes(target, png.getvalue())
-        written.append(target)
+        written.append(_save(fig, directory / filename))
     return written
+
+
+def _save(fig, target: Path) -> Path:
+    """``fig`` as a PNG at ``target``, written atomically; the figure closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(target, png.getvalue())
+    return target
+
+
+def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str],
+              leaders: tuple[str, ...] = ("ggpo", "ggpo-paper")) -> Path:
+    """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections (points of final
+    held-out accuracy, mean over seeds, a band of ± one sample std of the paired differences) against the settings'
+    measured mean staleness (a symmetric-log axis: on-policy is 0), each point labelled with its setting and the
+    rival it was measured against. ``settings`` are the ones to plot (e.g. the sync_every sweep), in order."""
+    require("matplotlib", "plots")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for leader in leaders:
+        points = [lead for lead in leads(runs, leader, settings) if lead.staleness is not None and lead.differences]
+        if not points:
+            continue
+        xs = [lead.staleness for lead in points]
+        means = [100 * statistics.fmean(lead.differences) for lead in points]
+        spread = [100 * statistics.stdev(lead.differences) if len(lead.differences) > 1 else 0.0 for lead in points]
+        line, = ax.plot(xs, means, marker="o", label=f"{leader} (n={min(len(p.differences) for p in points)} seeds)")
+        ax.fill_between(xs, [m - s for m, s in zip(means, spread)], [m + s for m, s in zip(means, spread)],
+                        color=line.get_color(), alpha=0.15, linewidth=0)
+        for lead, x, y in zip(points, xs, means):
+            ax.annotate(f"{lead.setting} vs {lead.rival}", (x, y), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set(xlabel="measured mean staleness (optimizer steps)",
+           ylabel="lead over the best correction (points)", title="GGPO minus the best of GRPO and its corrections")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return _save(fig, directory / "lead_vs_staleness.png")

@@ -229,3 +229,41 @@ def test_a_dry_run_prints_commands_a_shell_runs_as_the_sweep_would(tmp_path, tin
     for command, run in zip(commands, grid.runs):
         assert shlex.split(command) == ["ggpo-train", *_argv(grid, run)[3:]]  # "" and spaces survive the shell
     assert "--trainer.logger.init_args.version ''" in commands[0] and "'Q: {prompt}'" in commands[0]
+
+
+def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp_path):
+    """The rival is the one of GRPO and its corrections with the best mean accuracy in the setting; the lead is the
+    per-seed difference (seeds share a starting model), over the seeds both ran; the staleness is the setting's runs'
+    mean of train/staleness; the CLI writes the table and, for --lead-plot settings, the plot."""
+    from ggpo_lightning.lab.report import leads
+
+    accuracies = {("sync1", "ggpo"): [0.80, 0.90], ("sync1", "grpo"): [0.70, 0.70], ("sync1", "grpo-tis"): [0.75, 0.85],
+                  ("sync16", "ggpo"): [0.60, 0.70, 0.65], ("sync16", "grpo-icepop"): [0.70, 0.50],
+                  ("sync16", "ggpo-paper"): [0.5, 0.5], ("offline", "ggpo"): [0.4]}
+    staleness = {"sync1": "0.0", "sync16": "7.0", "offline": ""}
+    for (setting, objective), values in accuracies.items():
+        for seed, accuracy in enumerate(values):
+            run = tmp_path / f"{setting}-{objective}-seed{seed}"
+            run.mkdir()
+            extra = 1.0 if objective == "ggpo" and setting == "sync16" else 0.0
+            (run / "metrics.csv").write_text(f"step,train/staleness\n0,{staleness[setting]}\n1,"
+                                             f"{float(staleness[setting] or 0) + extra if staleness[setting] else ''}\n")
+            (run / "grid_run.json").write_text(json.dumps({"objective": objective, "setting": setting, "seed": seed}))
+            (run / "summary.json").write_text(json.dumps({"objective": objective[:4], "accuracy_after": accuracy}))
+    runs, errors = collect_runs([tmp_path])
+    assert not errors
+    sync1, sync16 = leads(runs, "ggpo", ["sync1", "sync16", "offline"])  # offline: no rival ran
+    assert (sync1.setting, sync1.rival, sync1.staleness) == ("sync1", "grpo-tis", 0.0)
+    assert sync1.differences == pytest.approx([0.05, 0.05])
+    # icepop the only rival; ggpo's seed 2 has no icepop pair; ggpo's runs have a mean staleness of 7.5, the others 7
+    assert sync16.rival == "grpo-icepop" and sync16.differences == pytest.approx([-0.1, 0.2])
+    assert sync16.staleness == pytest.approx((7.5 * 3 + 7.0 * 4) / 7)
+    assert [lead.differences for lead in leads(runs, "ggpo-paper")] == [pytest.approx([-0.2, 0.0])]
+    out = tmp_path / "report"
+    report = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(out), "--settings", "sync1,sync16",
+                                       "--lead-plot", "sync1,sync16"])
+    assert report.exit_code == 0, report.output
+    assert "| ggpo | sync1 | 0.00 | grpo-tis | 80.0 | 85.0 | 5.0 ± 0.0 (n=2) |" in report.output
+    assert "| ggpo | sync16 | 7.21 | grpo-icepop | 60.0 | 65.0 | 5.0 ± 21.2 (n=2) |" in report.output
+    assert "| ggpo-paper | sync16 |" in report.output
+    assert (out / "lead_vs_staleness.png").stat().st_size > 0 and "lead_vs_staleness" in (out / "report.md").read_text()
