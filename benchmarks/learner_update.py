@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/learner_update.py --like runs/bench/m30/model --response-len 256 [--compile] [--peak]
     .venv/bin/python benchmarks/learner_update.py --like runs/bench/m30/model --shape qwen3-0.5b --prompts 2 \\
-        --response-len 1024 --max-tokens 4096 --compile --peak
+        --response-len 1024 --max-tokens 2100 --compile --peak   # two rows per micro-batch: 4096 needs ~31 GB
 
 Builds a randomly initialised model with the configuration of ``--like`` (or, with ``--shape qwen3-0.5b``, Qwen3-0.6B's
 decoder with a 32768-token vocabulary: 28 layers, hidden 1024, 16 query and 8 key-value heads of 128, intermediate
@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,6 +100,24 @@ def measure(folder: str, args: argparse.Namespace, compiled: bool) -> list[dict]
     return runs
 
 
+def check_memory(config, args: argparse.Namespace) -> None:
+    """Exit with one line, before any model is built, when the estimate of the update's memory
+    (``ggpo_lightning.models.memory``, the learner's step with CPU attention keeping its probabilities; in bf16
+    autocast where bf16 is measured) is above the host's available memory: the kernel would kill the run minutes in."""
+    from ggpo_lightning.models.memory import GB, available_host_memory, estimate_memory, model_shape
+
+    row = 64 + args.response_len  # a prompt's tokens and a response's, an upper bound
+    step = 8 * args.prompts * row
+    estimate = estimate_memory(model_shape(config),
+                               precision="bf16-mixed" if "bf16" in args.precisions.split(",") else "32-true",
+                               micro_batch_tokens=min(args.max_tokens or step, step), attention_row=row,
+                               device_memory=available_host_memory(), device="the host's available memory")
+    if not estimate.fits():
+        sys.exit(f"learner_update.py: the update needs about {estimate.total / GB:.1f} GB (estimate; activations "
+                 f"{estimate.activations / GB:.1f} GB per micro-batch of {estimate.micro_batch_tokens} tokens) of "
+                 f"{estimate.device_memory / GB:.1f} GB available here: lower --max-tokens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--like", required=True, help="a model folder whose configuration (and tokenizer) to use")
@@ -124,6 +143,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.like)
     config = Qwen3Config(**SHAPES[args.shape]) if args.shape else AutoConfig.from_pretrained(args.like)
     config.max_position_embeddings = max(config.max_position_embeddings, 64 + args.response_len)
+    check_memory(config, args)
     peaks = {p: matmul_peak("bfloat16" if p == "bf16" else "float32") for p in args.precisions.split(",")} \
         if args.peak else {}
     results = []

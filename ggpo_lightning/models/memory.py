@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryEstimate", "ModelShape", "estimate_memory", "layer_bytes_per_token", "model_shape",
-           "precision_bytes"]
+__all__ = ["MemoryEstimate", "ModelShape", "available_host_memory", "estimate_memory", "layer_bytes_per_token",
+           "model_shape", "precision_bytes"]
 
 GB = 1e9
 
@@ -71,6 +71,15 @@ def model_shape(config: Any, lora_targets: list[str] | None = None, lora_rank: i
                       kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                       head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                       vocab=config.vocab_size)
+
+
+def available_host_memory() -> int | None:
+    """The host's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return 1024 * next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
 
 
 def precision_bytes(precision: Any) -> tuple[int, int, bool]:

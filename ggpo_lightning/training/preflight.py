@@ -42,7 +42,7 @@ from ggpo_lightning.training.checkpoint_io import check_checkpoint
 from ggpo_lightning.models.compiled import compile_errors
 from ggpo_lightning.models.loading import looks_like_path
 from ggpo_lightning.models.lora import LoraSettings
-from ggpo_lightning.models.memory import MemoryEstimate, estimate_memory, model_shape
+from ggpo_lightning.models.memory import MemoryEstimate, available_host_memory, estimate_memory, model_shape
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.core.microbatch import MicroBatchConfig
 from ggpo_lightning.rollouts.config import (VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, RolloutConfig, SamplingConfig,
@@ -275,12 +275,8 @@ def _device_memory(on_gpu: bool) -> tuple[int | None, str]:
             return None, "the GPU"
         index = int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count()
         return torch.cuda.get_device_properties(index).total_memory, f"GPU {index}"
-    try:
-        with open("/proc/meminfo") as meminfo:
-            kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return None, "the host"
-    return kib * 1024, "the host's available memory"
+    available = available_host_memory()
+    return available, "the host" if available is None else "the host's available memory"
 
 
 def _longest_prompt_tokens(rows: list[PromptRow], tokenizer: Any,

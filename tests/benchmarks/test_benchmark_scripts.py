@@ -124,6 +124,23 @@ def test_learner_update_compiled_beside_eager_on_a_qwen3_shape(tmp_path):
     assert all(0 < run["share_of_matmul_peak"] < 1 for run in (eager, compiled))
 
 
+def test_learner_update_refuses_a_shape_that_would_not_fit_before_building_it(monkeypatch):
+    """The 0.47B shape at 2 x 8 x 1024 tokens in micro-batches of 4096 needs ~31 GB by the memory estimate (the
+    kernel killed it on a 24 GB host, 10 minutes in): one line naming --max-tokens, before any model is built; two
+    rows per micro-batch (2100 tokens) fit in 23.5 GB."""
+    import argparse
+
+    import learner_update
+    from transformers import Qwen3Config
+
+    monkeypatch.setattr("ggpo_lightning.models.memory.available_host_memory", lambda: 23_500_000_000)
+    config = Qwen3Config(**learner_update.SHAPES["qwen3-0.5b"])
+    args = argparse.Namespace(response_len=1024, prompts=2, max_tokens=4096, precisions="bf16")
+    with pytest.raises(SystemExit, match=r"needs about 3\d\.\d GB .* of 23.5 GB available here: lower --max-tokens"):
+        learner_update.check_memory(config, args)
+    learner_update.check_memory(config, argparse.Namespace(**{**vars(args), "max_tokens": 2100}))
+
+
 def test_train_step_prints_both_phases():
     stdout = run_script("train_step.py", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
                         "--groups", "2", "--k", "2", "--response-len", "4", "--repeat", "1")
