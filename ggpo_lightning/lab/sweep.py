@@ -20,7 +20,9 @@ seed (``model.model_name_or_path: runs/grid/tiny-model-seed{seed}``, ``tiny_mode
 Each run is ``ggpo-train --config BASE --<key> <value> ... --seed_everything SEED`` in a
 subprocess, logged to ``OUT/<objective>-<setting>-seed<SEED>/`` (axis values in axis
 order) with ``grid_run.json`` holding its labels and ``train.log`` its output. A run
-whose directory holds ``summary.json`` is done and skipped; an unfinished one starts
+whose ``summary.json`` says it completed is done and skipped; one that ran into an error of its own
+(``aborted``: a crash, the verifier's health check) is reported failed again, not rerun (its folder says why;
+delete it to run it again); an unfinished one (no summary, or ``interrupted`` by a signal) starts
 over (its metrics would otherwise have a gap: Lightning's CSV logger truncates
 ``metrics.csv`` on resume). So ``ggpo sweep GRID.yaml`` can be interrupted and started
 again, losing at most the run in progress.
@@ -136,6 +138,16 @@ def _argv(grid: Grid, run: GridRun) -> list[str]:
     return argv
 
 
+def _ended(run_dir: Path) -> tuple[str | None, str]:
+    """``(status, reason)`` of the run's ``summary.json`` (``completed``, ``interrupted``, ``aborted``); ``(None,
+    "")`` without one."""
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return None, ""
+    written = json.loads(summary.read_text(encoding="utf-8"))
+    return str(written.get("status")), str(written.get("reason") or "no reason recorded")
+
+
 def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, int] = (0, 1)) -> list[tuple[GridRun, str]]:
     """Run every run of the grid that is not done yet, one after another.
 
@@ -143,7 +155,7 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
     ``n`` sweeps of one grid can run side by side without sharing a run.
 
     Returns ``(run, status)`` pairs, status one of ``done`` (skipped), ``ran``,
-    ``failed (exit N)`` or ``planned`` (dry run). A failed run is reported and the grid
+    ``failed (exit N)``, ``failed (earlier)`` or ``planned`` (dry run). A failed run is reported and the grid
     goes on; its directory keeps its ``train.log``.
     """
     results = []
@@ -152,9 +164,14 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
             continue
         run_dir = grid.out / run.name
         prefix = f"[{index}/{len(grid.runs)}] {run.name}"
-        if (run_dir / "summary.json").is_file():
+        status, reason = _ended(run_dir)
+        if status == "completed":
             echo(f"{prefix}: done, skipped")
             results.append((run, "done"))
+            continue
+        if status == "aborted":
+            echo(f"{prefix}: FAILED earlier ({reason}), skipped; delete {run_dir} to run it again")
+            results.append((run, "failed (earlier)"))
             continue
         argv = _argv(grid, run)
         if dry_run:
@@ -162,7 +179,7 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
             results.append((run, "planned"))
             continue
         if run_dir.exists():
-            echo(f"{prefix}: unfinished earlier, starting over")
+            echo(f"{prefix}: {'interrupted' if status else 'unfinished'} earlier, starting over")
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         atomic_write_text(run_dir / RUN_LABELS, json.dumps(run.labels, indent=2) + "\n")

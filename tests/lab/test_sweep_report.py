@@ -136,6 +136,27 @@ def test_sweep_runs_resumes_and_reports(tmp_path, tiny_model_dir):
         assert title in written
 
 
+def test_only_completed_runs_are_done_interrupted_ones_start_over_and_aborted_ones_stay_failed(tmp_path,
+                                                                                               tiny_model_dir):
+    """A run stopped by a signal writes summary.json too (status interrupted, a checkpoint): not done, it runs again;
+    a run aborted by an error of its own is not rerun but counted failed, with its reason, so the sweep exits 1."""
+    from ggpo_lightning.lab.sweep import load_grid, run_grid
+
+    grid = load_grid(write_grid(tmp_path, tiny_model_dir,
+                                axes={"objective": {name: {"model.objective.name": "grpo"} for name in
+                                                    ("a", "b", "c", "d")}}))
+    for run, status in zip(grid.runs, ("completed", "interrupted", "aborted")):
+        (grid.out / run.name).mkdir(parents=True)
+        (grid.out / run.name / "summary.json").write_text(json.dumps({"status": status, "reason": "zero reward"}))
+    lines = []
+    results = run_grid(grid, dry_run=True, echo=lines.append)
+    assert [status for _, status in results] == ["done", "planned", "failed (earlier)", "planned"]
+    aborted = grid.runs[2].name
+    assert any(f"{aborted}: FAILED earlier (zero reward), skipped; delete" in line for line in lines)
+    cli = CliRunner().invoke(main, ["sweep", "--dry-run", str(tmp_path / "grid.yaml")])
+    assert cli.exit_code == 1 and f"1 failed: {aborted}" in cli.output and "1 done" in cli.output
+
+
 def test_table_is_mean_and_sample_std_over_seeds(tmp_path):
     from ggpo_lightning.lab.report import Run
 
