@@ -311,8 +311,8 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     The prompts are run once each (``G`` rows, on transformers' ``DynamicCache``), and their keys and values written
     ``n`` times into a preallocated ``StaticCache`` of ``G * n`` rows and ``P + max_new_tokens - 1`` positions (the
     last sampled token is never fed back; other layer kinds: :func:`_decoding_cache`), with the attention mask beside
-    it, filled as decoding goes. Then nothing
-    is reallocated per token, and nothing is read back to the host but once every :data:`STOP_CHECK_EVERY` steps,
+    it, filled as decoding goes. Then nothing is reallocated per token, and nothing is read back to the host but
+    once every :data:`STOP_CHECK_EVERY` steps,
     a look (every row finished? drop the finished rows, below :data:`COMPACT_BELOW`?; on the CPU, where a read-back
     waits for nothing, at every step: :func:`_stop_check_every`): the tokens and log-probs are written
     on the device into ``[B, T]`` tensors and copied to the host once at the end. ``before_step(t)`` is called before
@@ -386,7 +386,7 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
 
 
-def _decoding_cache(prompts_cache: Cache, config, n: int, length: int) -> tuple[Cache, bool]:
+def _decoding_cache(prompts_cache: Cache, config: Any, n: int, length: int) -> tuple[Cache, bool]:
     """The cache the decoding steps write into, holding each prompt's keys and values ``n`` times (rows ``i*n ..
     i*n+n-1``: prompt ``i``), and whether it grows by a position per step (its attention mask is then cut to its
     length at each step).
