@@ -76,7 +76,7 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
                  for metric, (title, _) in STEP_MEANS.items()]
     leading = lead_table(runs, settings_order=order)
     if leading.count("\n") > 2:  # a GGPO and a rival ran in some setting
-        sections.append(("GGPO's lead over the best of GRPO and its corrections (paired by seed)", leading))
+        sections.append(("GGPO's lead over the best of GRPO and its corrections (over the seeds both ran)", leading))
     text = "".join(f"## {title}\n\n{table}\n" for title, table in sections)
     click.echo(text)
     if out is not None:

@@ -215,12 +215,14 @@ class Lead:
     rival: str
     """The rival (of :data:`RIVALS`) with the highest mean final accuracy over its seeds in this setting."""
     rival_accuracy: float
+    """The rival's mean final accuracy over the seeds both ran (the leader's likewise)."""
     leader_accuracy: float
     differences: list[float]
 
 
 def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None) -> list[Lead]:
-    """``leader``'s lead over the best of :data:`RIVALS` in each setting where both ran, in ``settings_order``."""
+    """``leader``'s lead over the best of :data:`RIVALS` in each setting where both ran a seed, in
+    ``settings_order``."""
     def accuracy(objective: str, setting: str) -> dict[int | None, float]:
         return {r.seed: r.final_accuracy for r in runs
                 if r.objective == objective and r.setting == setting and r.final_accuracy is not None}
@@ -232,11 +234,14 @@ def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | Non
         if not ours or not rivals:
             continue
         best = max(rivals, key=lambda rival: statistics.fmean(rivals[rival].values()))
+        paired = sorted(ours.keys() & rivals[best].keys(), key=str)
+        if not paired:
+            continue
         staleness = [r.step_means["staleness"] for r in runs if r.setting == setting and "staleness" in r.step_means]
         found.append(Lead(setting, statistics.fmean(staleness) if staleness else None, best,
-                          statistics.fmean(rivals[best].values()), statistics.fmean(ours.values()),
-                          [ours[seed] - rivals[best][seed] for seed in sorted(ours.keys() & rivals[best].keys(),
-                                                                                key=str)]))
+                          statistics.fmean(rivals[best][seed] for seed in paired),
+                          statistics.fmean(ours[seed] for seed in paired),
+                          [ours[seed] - rivals[best][seed] for seed in paired]))
     return found
 
 

@@ -259,7 +259,7 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
     from ggpo_lightning.lab.report import leads
 
     accuracies = {("sync1", "ggpo"): [0.80, 0.90], ("sync1", "grpo"): [0.70, 0.70], ("sync1", "grpo-tis"): [0.75, 0.85],
-                  ("sync16", "ggpo"): [0.60, 0.70, 0.65], ("sync16", "grpo-icepop"): [0.70, 0.50],
+                  ("sync16", "ggpo"): [0.60, 0.70, 0.95], ("sync16", "grpo-icepop"): [0.70, 0.50],
                   ("sync16", "ggpo-paper"): [0.5, 0.5], ("offline", "ggpo"): [0.4]}
     staleness = {"sync1": "0.0", "sync16": "7.0", "offline": ""}
     for (setting, objective), values in accuracies.items():
@@ -276,8 +276,10 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
     sync1, sync16 = leads(runs, "ggpo", ["sync1", "sync16", "offline"])  # offline: no rival ran
     assert (sync1.setting, sync1.rival, sync1.staleness) == ("sync1", "grpo-tis", 0.0)
     assert sync1.differences == pytest.approx([0.05, 0.05])
-    # icepop the only rival; ggpo's seed 2 has no icepop pair; ggpo's runs have a mean staleness of 7.5, the others 7
+    # icepop the only rival; ggpo's seed 2 has no icepop pair (left out of the lead and of the accuracies shown);
+    # ggpo's runs have a mean staleness of 7.5, the others 7
     assert sync16.rival == "grpo-icepop" and sync16.differences == pytest.approx([-0.1, 0.2])
+    assert (sync16.leader_accuracy, sync16.rival_accuracy) == (pytest.approx(0.65), pytest.approx(0.6))
     assert sync16.staleness == pytest.approx((7.5 * 3 + 7.0 * 4) / 7)
     assert [lead.differences for lead in leads(runs, "ggpo-paper")] == [pytest.approx([-0.2, 0.0])]
     out = tmp_path / "report"
