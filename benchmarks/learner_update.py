@@ -102,14 +102,14 @@ def measure(folder: str, args: argparse.Namespace, compiled: bool) -> list[dict]
 
 def check_memory(config, args: argparse.Namespace) -> None:
     """Exit with one line, before any model is built, when the estimate of the update's memory
-    (``ggpo_lightning.models.memory``, the learner's step with CPU attention keeping its probabilities; in bf16
-    autocast where bf16 is measured) is above the host's available memory: the kernel would kill the run minutes in."""
+    (``ggpo_lightning.models.memory``, the learner's step with CPU attention keeping its probabilities; in fp32
+    where fp32 is measured, its activations being twice bf16 autocast's) is above the host's available memory: the kernel would kill the run minutes in."""
     from ggpo_lightning.models.memory import GB, available_host_memory, estimate_memory, model_shape
 
     row = 64 + args.response_len  # a prompt's tokens and a response's, an upper bound
     step = 8 * args.prompts * row
     estimate = estimate_memory(model_shape(config),
-                               precision="bf16-mixed" if "bf16" in args.precisions.split(",") else "32-true",
+                               precision="32-true" if "fp32" in args.precisions.split(",") else "bf16-mixed",
                                micro_batch_tokens=min(args.max_tokens or step, step), attention_row=row,
                                device_memory=available_host_memory(), device="the host's available memory")
     if not estimate.fits():

@@ -139,6 +139,9 @@ def test_learner_update_refuses_a_shape_that_would_not_fit_before_building_it(mo
     with pytest.raises(SystemExit, match=r"needs about 3\d\.\d GB .* of 23.5 GB available here: lower --max-tokens"):
         learner_update.check_memory(config, args)
     learner_update.check_memory(config, argparse.Namespace(**{**vars(args), "max_tokens": 2100}))
+    with pytest.raises(SystemExit, match="lower --max-tokens"):  # fp32 measured too: its activations are twice bf16's
+        learner_update.check_memory(config, argparse.Namespace(**{**vars(args), "max_tokens": 2100,
+                                                                  "precisions": "bf16,fp32"}))
 
 
 def test_train_step_prints_both_phases():
