@@ -312,10 +312,9 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     ``n`` times into a preallocated ``StaticCache`` of ``G * n`` rows and ``P + max_new_tokens - 1`` positions (the
     last sampled token is never fed back; other layer kinds: :func:`_decoding_cache`), with the attention mask beside
     it, filled as decoding goes. Then nothing is reallocated per token, and nothing is read back to the host but
-    once every :data:`STOP_CHECK_EVERY` steps,
-    a look (every row finished? drop the finished rows, below :data:`COMPACT_BELOW`?; on the CPU, where a read-back
-    waits for nothing, at every step: :func:`_stop_check_every`): the tokens and log-probs are written
-    on the device into ``[B, T]`` tensors and copied to the host once at the end. ``before_step(t)`` is called before
+    once every :data:`STOP_CHECK_EVERY` steps, a look (every row finished? drop the finished rows, below
+    :data:`COMPACT_BELOW`?; on the CPU, where a read-back waits for nothing, at every step:
+    :func:`_stop_check_every`): the tokens and log-probs are written on the device into ``[B, T]`` tensors and copied to the host once at the end. ``before_step(t)`` is called before
     step ``t`` samples (before the forward that gives its logits).
 
     The draws are :func:`torch.multinomial`'s over all ``B`` rows at every step (:func:`_draw`), dropped rows
