@@ -26,19 +26,29 @@ def sweep_command(grid_file: Path, dry_run: bool, shard: str) -> None:
     index, _, count = shard.partition("/")
     if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
         raise click.UsageError(f"--shard must be I/N with 1 <= I <= N, got {shard!r}")
-    from ggpo_lightning.lab.sweep import load_grid, run_grid
+    from ggpo_lightning.lab.sweep import SweepStopped, load_grid, run_grid
 
     try:
         grid = load_grid(grid_file)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    results = run_grid(grid, dry_run=dry_run, echo=click.echo, shard=(int(index) - 1, int(count)))
+    try:
+        results = run_grid(grid, dry_run=dry_run, echo=click.echo, shard=(int(index) - 1, int(count)))
+    except SweepStopped as stopped:
+        _echo_counts(stopped.results)
+        click.echo(f"{stopped}; run it again to go on", err=True)
+        sys.exit(128 + stopped.signum)
+    if _echo_counts(results):
+        sys.exit(1)
+
+
+def _echo_counts(results: list) -> list[str]:
+    """Print how many runs were done, ran, planned, interrupted and failed; return the failed runs' names."""
     failed = [run.name for run, status in results if status.startswith("failed")]
     click.echo(f"{len(results)} runs: " + ", ".join(
-        f"{sum(s == k for _, s in results)} {k}" for k in ("done", "ran", "planned") if any(s == k for _, s in results))
-        + (f", {len(failed)} failed: {', '.join(failed)}" if failed else ""))
-    if failed:
-        sys.exit(1)
+        f"{sum(s == k for _, s in results)} {k}" for k in ("done", "ran", "planned", "interrupted")
+        if any(s == k for _, s in results)) + (f", {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+    return failed
 
 
 @click.command("report")

@@ -26,6 +26,12 @@ delete it to run it again); an unfinished one (no summary, or ``interrupted`` by
 over (its metrics would otherwise have a gap: Lightning's CSV logger truncates
 ``metrics.csv`` on resume). So ``ggpo sweep GRID.yaml`` can be interrupted and started
 again, losing at most the run in progress.
+
+SIGINT (Ctrl-C) or SIGTERM (``kill``, a scheduler's time limit) to the sweep is passed on to the run in progress,
+which finishes its step and saves (``ggpo-train``'s run guard; a second signal stops it at once); the sweep waits
+for it and stops with :class:`SweepStopped` instead of starting the next run. The run is started in a session of
+its own, so a terminal's Ctrl-C reaches it once, through the sweep, and it never outlives the sweep to race a
+restarted one over the same folder.
 """
 
 from __future__ import annotations
@@ -34,8 +40,12 @@ import itertools
 import json
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +54,7 @@ import yaml
 
 from ggpo_lightning.records.atomic import atomic_write_text
 
-__all__ = ["Grid", "GridRun", "load_grid", "run_grid"]
+__all__ = ["Grid", "GridRun", "SweepStopped", "load_grid", "run_grid"]
 
 RUN_LABELS = "grid_run.json"
 
@@ -148,7 +158,55 @@ def _ended(run_dir: Path) -> tuple[str | None, str]:
     return str(written.get("status")), str(written.get("reason") or "no reason recorded")
 
 
-def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, int] = (0, 1)) -> list[tuple[GridRun, str]]:
+class SweepStopped(Exception):
+    """SIGINT or SIGTERM stopped the sweep; the run in progress ended first (its folder says how)."""
+
+    def __init__(self, signum: int, results: list[tuple[GridRun, str]]) -> None:
+        self.signum = signum
+        self.results = results
+        super().__init__(f"sweep stopped by {signal.Signals(signum).name}")
+
+
+class _SignalForwarder:
+    """Remembers the first SIGINT/SIGTERM and passes each one to the running child, if any."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.child: subprocess.Popen | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, argv: list[str], log: Any) -> int:
+        """Run ``argv`` to its end (its own session: a terminal's signals reach it only through us); its exit code."""
+        self.child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if self.received is not None:  # arrived while it was being started
+            self.child.send_signal(self.received)
+        try:
+            return self.child.wait()
+        finally:
+            self.child = None
+
+
+@contextmanager
+def _forwarding_signals() -> Iterator[_SignalForwarder]:
+    """Install a :class:`_SignalForwarder` for SIGINT and SIGTERM (main thread only), restoring the handlers after."""
+    forwarder = _SignalForwarder()
+    if threading.current_thread() is not threading.main_thread():
+        yield forwarder
+        return
+    previous = {signum: signal.signal(signum, forwarder) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield forwarder
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_grid(grid: Grid, dry_run: bool = False, echo=print,
+             shard: tuple[int, int] = (0, 1)) -> list[tuple[GridRun, str]]:
     """Run every run of the grid that is not done yet, one after another.
 
     ``shard = (i, n)`` takes only the runs at positions ``i, i + n, i + 2n, ...`` (0-based), so
@@ -156,10 +214,19 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
 
     Returns ``(run, status)`` pairs, status one of ``done`` (skipped), ``ran``,
     ``failed (exit N)``, ``failed (earlier)`` or ``planned`` (dry run). A failed run is reported and the grid
-    goes on; its directory keeps its ``train.log``.
+    goes on; its directory keeps its ``train.log``. A signal ends the run in progress (see the module's docstring)
+    and raises :class:`SweepStopped` with the results so far, that run ``interrupted``.
     """
-    results = []
+    with _forwarding_signals() as forwarder:
+        return _run_grid(grid, dry_run, echo, shard, forwarder)
+
+
+def _run_grid(grid: Grid, dry_run: bool, echo, shard: tuple[int, int],
+              forwarder: _SignalForwarder) -> list[tuple[GridRun, str]]:
+    results: list[tuple[GridRun, str]] = []
     for index, run in enumerate(grid.runs, start=1):
+        if forwarder.received is not None:  # between runs: the next one is not started
+            raise SweepStopped(forwarder.received, results)
         if (index - 1) % shard[1] != shard[0]:
             continue
         run_dir = grid.out / run.name
@@ -185,7 +252,12 @@ def run_grid(grid: Grid, dry_run: bool = False, echo=print, shard: tuple[int, in
         atomic_write_text(run_dir / RUN_LABELS, json.dumps(run.labels, indent=2) + "\n")
         echo(f"{prefix}: running")
         with open(run_dir / "train.log", "w", encoding="utf-8") as log:
-            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+            code = forwarder.run(argv, log)
+        if forwarder.received is not None:
+            echo(f"{prefix}: stopped by {signal.Signals(forwarder.received).name} (exit code {code}); "
+                 f"run the sweep again to start it over")
+            results.append((run, "interrupted"))
+            raise SweepStopped(forwarder.received, results)
         if code != 0:
             echo(f"{prefix}: FAILED with exit code {code}; see {run_dir / 'train.log'}")
         results.append((run, "ran" if code == 0 else f"failed (exit {code})"))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -290,3 +294,32 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
     assert "| ggpo | sync16 | 7.21 | grpo-icepop | 60.0 | 65.0 | 5.0 ± 21.2 (n=2) |" in report.output
     assert "| ggpo-paper | sync16 |" in report.output
     assert (out / "lead_vs_staleness.png").stat().st_size > 0 and "lead_vs_staleness" in (out / "report.md").read_text()
+
+
+def test_a_signal_to_the_sweep_ends_the_run_in_progress_and_starts_no_other(tmp_path, tiny_model_dir):
+    """SIGTERM to ``ggpo sweep`` reaches the run in progress, which ends its step and says ``interrupted``; the sweep
+    waits for it, starts no further run and exits 128 + 15, so no run outlives it to race a restarted sweep."""
+    grid_file = write_grid(tmp_path, tiny_model_dir)
+    spec = yaml.safe_load(grid_file.read_text())
+    spec["overrides"].update({"trainer.max_steps": 100_000, "trainer.val_check_interval": 100_000,
+                              "trainer.logger.init_args.flush_logs_every_n_steps": 1})
+    grid_file.write_text(yaml.safe_dump(spec))
+    first = tmp_path / "grid" / "ggpo-sync2-seed0"
+    ggpo = [sys.executable, "-c", "from ggpo_lightning.cli.main import main; main()"]
+    sweep = subprocess.Popen([*ggpo, "sweep", str(grid_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((first / "metrics.csv").is_file() and "train/" in (first / "metrics.csv").read_text()):
+            assert sweep.poll() is None and time.monotonic() < deadline, "the first run never logged a step"
+            time.sleep(0.5)
+        sweep.send_signal(signal.SIGTERM)
+        output, _ = sweep.communicate(timeout=120)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 128 + signal.SIGTERM, output
+    summary = json.loads((first / "summary.json").read_text())  # written by the run itself, before the sweep exited
+    assert summary["status"] == "interrupted" and summary["reason"] == "stopped by SIGTERM"
+    assert Path(summary["checkpoint"]).is_file()
+    assert "ggpo-sync2-seed0: stopped by SIGTERM" in output and "1 runs: 1 interrupted" in output
+    assert not (tmp_path / "grid" / "grpo-sync2-seed0").exists()  # the next run was never started
