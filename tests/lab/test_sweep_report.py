@@ -257,15 +257,18 @@ def test_a_dry_run_prints_commands_a_shell_runs_as_the_sweep_would(tmp_path, tin
 
 
 def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp_path):
-    """The rival is the one of GRPO and its corrections with the best mean accuracy in the setting; the lead is the
-    per-seed difference (seeds share a starting model), over the seeds both ran; the staleness is the setting's runs'
-    mean of train/staleness; the CLI writes the table and, for --lead-plot settings, the plot."""
+    """The rival is the one of GRPO and its corrections with the best mean accuracy in the setting over the seeds all
+    ran; the lead is the per-seed difference (seeds share a starting model), over the seeds both ran; the staleness
+    is the setting's runs' mean of train/staleness; the CLI writes the table and, for --lead-plot settings, the
+    plot."""
     from ggpo_lightning.lab.report import leads
 
     accuracies = {("sync1", "ggpo"): [0.80, 0.90], ("sync1", "grpo"): [0.70, 0.70], ("sync1", "grpo-tis"): [0.75, 0.85],
                   ("sync16", "ggpo"): [0.60, 0.70, 0.95], ("sync16", "grpo-icepop"): [0.70, 0.50],
-                  ("sync16", "ggpo-paper"): [0.5, 0.5], ("offline", "ggpo"): [0.4]}
-    staleness = {"sync1": "0.0", "sync16": "7.0", "offline": ""}
+                  ("sync16", "ggpo-paper"): [0.5, 0.5], ("offline", "ggpo"): [0.4],
+                  ("sync4", "ggpo"): [0.8, 0.8, 0.8], ("sync4", "grpo"): [0.9, 0.6, 0.6],
+                  ("sync4", "grpo-opsm"): [0.85]}
+    staleness = {"sync1": "0.0", "sync16": "7.0", "offline": "", "sync4": "1.5"}
     for (setting, objective), values in accuracies.items():
         for seed, accuracy in enumerate(values):
             run = tmp_path / f"{setting}-{objective}-seed{seed}"
@@ -277,9 +280,12 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
             (run / "summary.json").write_text(json.dumps({"objective": objective[:4], "accuracy_after": accuracy}))
     runs, errors = collect_runs([tmp_path])
     assert not errors
-    sync1, sync16 = leads(runs, "ggpo", ["sync1", "sync16", "offline"])  # offline: no rival ran
+    sync1, sync4, sync16 = leads(runs, "ggpo", ["sync1", "sync4", "sync16", "offline"])  # offline: no rival ran
     assert (sync1.setting, sync1.rival, sync1.staleness) == ("sync1", "grpo-tis", 0.0)
     assert sync1.differences == pytest.approx([0.05, 0.05])
+    # opsm ran seed 0 only, where grpo beat it: grpo is the best rival, though opsm's one seed has the higher mean,
+    # and the lead is paired over all of grpo's seeds
+    assert sync4.rival == "grpo" and sync4.differences == pytest.approx([-0.1, 0.2, 0.2])
     # icepop the only rival; ggpo's seed 2 has no icepop pair (left out of the lead and of the accuracies shown);
     # ggpo's runs have a mean staleness of 7.5, the others 7
     assert sync16.rival == "grpo-icepop" and sync16.differences == pytest.approx([-0.1, 0.2])
