@@ -366,7 +366,9 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
         xs = [lead.staleness for lead in points]
         means = [100 * statistics.fmean(lead.differences) for lead in points]
         spread = [100 * statistics.stdev(lead.differences) if len(lead.differences) > 1 else 0.0 for lead in points]
-        line, = ax.plot(xs, means, marker="o", label=f"{leader} (n={min(len(p.differences) for p in points)} seeds)")
+        counts = sorted({len(p.differences) for p in points})  # seeds per point: the label gives their range
+        seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        line, = ax.plot(xs, means, marker="o", label=f"{leader} (n={seeds} seeds per point)")
         ax.fill_between(xs, [m - s for m, s in zip(means, spread)], [m + s for m, s in zip(means, spread)],
                         color=line.get_color(), alpha=0.15, linewidth=0)
         for lead, x, y in zip(points, xs, means):
