@@ -103,7 +103,8 @@ def measure(folder: str, args: argparse.Namespace, compiled: bool) -> list[dict]
 def check_memory(config, args: argparse.Namespace) -> None:
     """Exit with one line, before any model is built, when the estimate of the update's memory
     (``ggpo_lightning.models.memory``, the learner's step with CPU attention keeping its probabilities; in fp32
-    where fp32 is measured, its activations being twice bf16 autocast's) is above the host's available memory: the kernel would kill the run minutes in."""
+    where fp32 is measured, its activations being twice bf16 autocast's) is above the host's available memory: the
+    kernel would kill the run minutes in."""
     from ggpo_lightning.models.memory import GB, available_host_memory, estimate_memory, model_shape
 
     row = 64 + args.response_len  # a prompt's tokens and a response's, an upper bound

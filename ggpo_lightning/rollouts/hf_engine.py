@@ -314,8 +314,9 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     it, filled as decoding goes. Then nothing is reallocated per token, and nothing is read back to the host but
     once every :data:`STOP_CHECK_EVERY` steps, a look (every row finished? drop the finished rows, below
     :data:`COMPACT_BELOW`?; on the CPU, where a read-back waits for nothing, at every step:
-    :func:`_stop_check_every`): the tokens and log-probs are written on the device into ``[B, T]`` tensors and copied to the host once at the end. ``before_step(t)`` is called before
-    step ``t`` samples (before the forward that gives its logits).
+    :func:`_stop_check_every`): the tokens and log-probs are written on the device into ``[B, T]`` tensors and
+    copied to the host once at the end. ``before_step(t)`` is called before step ``t`` samples (before the forward
+    that gives its logits).
 
     The draws are :func:`torch.multinomial`'s over all ``B`` rows at every step (:func:`_draw`), dropped rows
     included, as ``generate`` draws: the same random stream, so the same responses as ``generate`` for a seed. The
