@@ -213,9 +213,10 @@ class Lead:
     staleness: float | None
     """The mean over the setting's runs of their mean ``train/staleness`` (None where none logged it)."""
     rival: str
-    """The rival (of :data:`RIVALS`) with the highest mean final accuracy in this setting over the seeds that the
-    leader and every rival ran (over each rival's seeds with the leader where they share none): a rival run on the
-    favourable seeds only is not ranked above one run on all of them. Ties go to the first in :data:`RIVALS`."""
+    """The rival (of :data:`RIVALS`) with the highest mean final accuracy in this setting, ranked among the rivals
+    run on the most of the leader's seeds, over the seeds they share (each one's own where they share none): a
+    rival run on fewer seeds (a trimmed cell) is neither ranked above one run on all of them on its favourable
+    seed, nor shrinks the others' ranking to its seeds. Ties go to the first in :data:`RIVALS`."""
     rival_accuracy: float
     """The rival's mean final accuracy over the seeds both ran (the leader's likewise)."""
     leader_accuracy: float
@@ -235,12 +236,14 @@ def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | Non
         rivals = {rival: by_seed for rival in RIVALS if (by_seed := accuracy(rival, setting))}
         if not ours or not rivals:
             continue
-        shared = set(ours).intersection(*rivals.values())
-        with_ours = {rival: shared or (ours.keys() & by_seed.keys()) for rival, by_seed in rivals.items()}
-        rivals = {rival: by_seed for rival, by_seed in rivals.items() if with_ours[rival]}
-        if not rivals:
+        with_ours = {rival: ours.keys() & by_seed.keys() for rival, by_seed in rivals.items()}
+        most = max(len(seeds) for seeds in with_ours.values())
+        if not most:
             continue
-        best = max(rivals, key=lambda rival: statistics.fmean(rivals[rival][seed] for seed in with_ours[rival]))
+        ranked = [rival for rival in rivals if len(with_ours[rival]) == most]  # a trimmed rival is not ranked
+        shared = set.intersection(*(with_ours[rival] for rival in ranked))
+        best = max(ranked, key=lambda rival: statistics.fmean(
+            rivals[rival][seed] for seed in shared or with_ours[rival]))
         paired = sorted(ours.keys() & rivals[best].keys(), key=str)
         staleness = [r.step_means["staleness"] for r in runs if r.setting == setting and "staleness" in r.step_means]
         found.append(Lead(setting, statistics.fmean(staleness) if staleness else None, best,

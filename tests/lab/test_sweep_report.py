@@ -267,8 +267,10 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
                   ("sync16", "ggpo"): [0.60, 0.70, 0.95], ("sync16", "grpo-icepop"): [0.70, 0.50],
                   ("sync16", "ggpo-paper"): [0.5, 0.5], ("offline", "ggpo"): [0.4],
                   ("sync4", "ggpo"): [0.8, 0.8, 0.8], ("sync4", "grpo"): [0.9, 0.6, 0.6],
-                  ("sync4", "grpo-opsm"): [0.85]}
-    staleness = {"sync1": "0.0", "sync16": "7.0", "offline": "", "sync4": "1.5"}
+                  ("sync4", "grpo-opsm"): [0.85],
+                  ("sync64", "ggpo"): [0.8, 0.8, 0.8], ("sync64", "grpo"): [0.9, 0.6, 0.6],
+                  ("sync64", "grpo-tis"): [0.85, 0.85, 0.85], ("sync64", "grpo-opsm"): [0.9]}
+    staleness = {"sync1": "0.0", "sync16": "7.0", "offline": "", "sync4": "1.5", "sync64": "30.0"}
     for (setting, objective), values in accuracies.items():
         for seed, accuracy in enumerate(values):
             run = tmp_path / f"{setting}-{objective}-seed{seed}"
@@ -280,12 +282,16 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
             (run / "summary.json").write_text(json.dumps({"objective": objective[:4], "accuracy_after": accuracy}))
     runs, errors = collect_runs([tmp_path])
     assert not errors
-    sync1, sync4, sync16 = leads(runs, "ggpo", ["sync1", "sync4", "sync16", "offline"])  # offline: no rival ran
+    sync1, sync4, sync16, sync64 = leads(runs, "ggpo", ["sync1", "sync4", "sync16", "sync64", "offline"])
+    # offline: no rival ran
     assert (sync1.setting, sync1.rival, sync1.staleness) == ("sync1", "grpo-tis", 0.0)
     assert sync1.differences == pytest.approx([0.05, 0.05])
     # opsm ran seed 0 only, where grpo beat it: grpo is the best rival, though opsm's one seed has the higher mean,
     # and the lead is paired over all of grpo's seeds
     assert sync4.rival == "grpo" and sync4.differences == pytest.approx([-0.1, 0.2, 0.2])
+    # opsm trimmed to seed 0 does not narrow the ranking to seed 0 (where grpo's 0.9 would beat tis's 0.85):
+    # grpo and tis, both on 3 seeds, are ranked over those
+    assert sync64.rival == "grpo-tis" and sync64.differences == pytest.approx([-0.05, -0.05, -0.05])
     # icepop the only rival; ggpo's seed 2 has no icepop pair (left out of the lead and of the accuracies shown);
     # ggpo's runs have a mean staleness of 7.5, the others 7
     assert sync16.rival == "grpo-icepop" and sync16.differences == pytest.approx([-0.1, 0.2])
