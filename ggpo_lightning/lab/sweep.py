@@ -14,6 +14,12 @@ A grid file (YAML) names a base recipe, the axes, the seeds and where runs go::
         sync1: {model.rollout.sync_every: 1}
         offline: {data.mode: offline}
 
+Cells trimmed on purpose are listed under ``exclude``: each entry names axis values (and seeds), one or a list per
+axis, and the runs matching all of them are not part of the grid::
+
+    exclude:
+      - {objective: grpo-opsm, seed: [1, 2]}   # identical to grpo on seed 0: one seed is enough
+
 A string value may hold ``{seed}``, replaced by the run's seed: e.g. a tiny model and warm-up of its own per
 seed (``model.model_name_or_path: runs/grid/tiny-model-seed{seed}``, ``tiny_model.seed: "{seed}"``).
 
@@ -89,9 +95,9 @@ def load_grid(path: str | Path) -> Grid:
     spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(spec, dict):
         _fail(path, "expected a mapping with base, out, seeds and axes")
-    unknown = set(spec) - {"base", "out", "seeds", "axes", "overrides"}
+    unknown = set(spec) - {"base", "out", "seeds", "axes", "overrides", "exclude"}
     if unknown:
-        _fail(path, f"unknown field(s) {sorted(unknown)}; allowed: base, out, seeds, axes, overrides")
+        _fail(path, f"unknown field(s) {sorted(unknown)}; allowed: base, out, seeds, axes, overrides, exclude")
     for field in ("base", "out", "axes"):
         if field not in spec:
             _fail(path, f"missing field {field!r}")
@@ -107,23 +113,47 @@ def load_grid(path: str | Path) -> Grid:
     axes = spec["axes"]
     if not (isinstance(axes, dict) and axes):
         _fail(path, "axes must map axis names to {value name: {dotted key: value}}")
+    if "seed" in axes:
+        _fail(path, "axes.seed: 'seed' is the seeds' label; give the seeds as seeds: [...]")
     for axis, values in axes.items():
         if not (isinstance(values, dict) and values):
             _fail(path, f"axes.{axis} must map value names to override mappings")
         for value, overrides in values.items():
             if not isinstance(overrides, dict):
                 _fail(path, f"axes.{axis}.{value} must map dotted keys to values, got {overrides!r}")
+    excluded = _excluded(path, spec.get("exclude") or [], {**{axis: list(values) for axis, values in axes.items()},
+                                                            "seed": seeds})
     runs = []
     for combo in itertools.product(*(list(values.items()) for values in axes.values())):
         for seed in seeds:
-            labels = {axis: value for axis, (value, _) in zip(axes, combo)}
+            cell = {axis: value for axis, (value, _) in zip(axes, combo)}
+            labels = {**cell, "seed": seed}
+            if any(all(labels[key] in names for key, names in entry.items()) for entry in excluded):
+                continue
             overrides = dict(common)
             for _, values in combo:
                 overrides.update(values)
             overrides = {key: _with_seed(value, seed) for key, value in overrides.items()}
-            name = "-".join(labels.values()) + f"-seed{seed}"
-            runs.append(GridRun(name, {**labels, "seed": seed}, overrides))
+            runs.append(GridRun("-".join(cell.values()) + f"-seed{seed}", labels, overrides))
     return Grid(base=base, out=Path(spec["out"]), runs=runs)
+
+
+def _excluded(path: Path, entries: Any, choices: dict[str, list]) -> list[dict[str, list]]:
+    """The ``exclude`` entries as {axis or ``seed``: the names it matches}, each name checked against ``choices``."""
+    if not isinstance(entries, list):
+        _fail(path, f"exclude must be a list of {{axis: value or [values]}} mappings, got {entries!r}")
+    checked = []
+    for index, entry in enumerate(entries):
+        if not (isinstance(entry, dict) and entry):
+            _fail(path, f"exclude[{index}] must map axis names (or seed) to a value or a list, got {entry!r}")
+        for key, names in entry.items():
+            if key not in choices:
+                _fail(path, f"exclude[{index}]: {key!r} is not an axis; the axes: {', '.join(choices)}")
+            for name in names if isinstance(names, list) else [names]:
+                if name not in choices[key]:
+                    _fail(path, f"exclude[{index}].{key}: {name!r} is not one of {choices[key]}")
+        checked.append({key: names if isinstance(names, list) else [names] for key, names in entry.items()})
+    return checked
 
 
 def _with_seed(value: Any, seed: int) -> Any:

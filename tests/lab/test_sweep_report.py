@@ -61,6 +61,19 @@ def test_seed_placeholders_give_each_seed_its_own_values(tmp_path, tiny_model_di
     assert grid.runs[1].overrides["x.levels"] == ["3", 2] and grid.runs[1].overrides["trainer.max_steps"] == 3
 
 
+def test_excluded_cells_are_not_part_of_the_grid(tmp_path, tiny_model_dir):
+    """An ``exclude`` entry drops the runs matching all its keys (a value or a list per axis, or seeds): a grid file
+    says which cells were trimmed, and the sweep runs exactly the rest."""
+    axes = {"objective": {"ggpo": {}, "grpo": {}, "grpo-tis": {}}, "setting": {"sync4": {}, "sync64": {}}}
+    exclude = [{"objective": ["grpo", "grpo-tis"], "seed": [1, 2]}, {"objective": "ggpo", "setting": "sync64",
+                                                                      "seed": 2}]
+    grid = load_grid(write_grid(tmp_path, tiny_model_dir, seeds=[0, 1, 2], axes=axes, exclude=exclude))
+    assert [r.name for r in grid.runs] == ["ggpo-sync4-seed0", "ggpo-sync4-seed1", "ggpo-sync4-seed2",
+                                           "ggpo-sync64-seed0", "ggpo-sync64-seed1", "grpo-sync4-seed0",
+                                           "grpo-sync64-seed0", "grpo-tis-sync4-seed0", "grpo-tis-sync64-seed0"]
+    assert grid.runs[4].labels == {"objective": "ggpo", "setting": "sync64", "seed": 1}
+
+
 def test_shards_split_a_grid_into_disjoint_runs(tmp_path, tiny_model_dir):
     grid_file = write_grid(tmp_path, tiny_model_dir, seeds=[0, 1, 2])
     planned = [CliRunner().invoke(main, ["sweep", str(grid_file), "--dry-run", "--shard", f"{i}/2"]) for i in (1, 2)]
@@ -78,6 +91,12 @@ def test_shards_split_a_grid_into_disjoint_runs(tmp_path, tiny_model_dir):
     ({"base": "nope.yaml"}, "base recipe 'nope.yaml' not found"),
     ({"colour": 1}, "unknown field"),
     ({"axes": {"objective": {"ggpo": "ggpo"}}}, "axes.objective.ggpo must map"),
+    ({"axes": {"seed": {"a": {}}}}, "axes.seed: 'seed' is the seeds' label"),
+    ({"exclude": {"objective": "grpo"}}, "exclude must be a list"),
+    ({"exclude": [{}]}, "exclude[0] must map axis names"),
+    ({"exclude": [{"objective": "grpo"}, {"optimizer": "adam"}]}, "exclude[1]: 'optimizer' is not an axis"),
+    ({"exclude": [{"objective": ["grpo", "gpro"]}]}, "exclude[0].objective: 'gpro' is not one of ['ggpo', 'grpo']"),
+    ({"exclude": [{"seed": 7}]}, "exclude[0].seed: 7 is not one of [0]"),
 ])
 def test_bad_grid_files_name_the_field(tmp_path, tiny_model_dir, change, message):
     path = write_grid(tmp_path, tiny_model_dir, **change)
