@@ -225,7 +225,8 @@ class RunGuard(Checkpoint):
       is saved in the checkpoint folder (the state an uninterrupted run had after that
       step: resuming from it continues draw for draw) and :class:`RunInterrupted` ends
       the run (``ggpo-train`` exits 128 + the signal number). A second signal stops at once
-      (Lightning's KeyboardInterrupt handling; the checkpoint is then taken mid-step).
+      (Lightning's KeyboardInterrupt handling; the checkpoint is then taken mid-step). A SIGTERM
+      that Lightning's own handler noted before training started stops the run after its first step.
     - :class:`~ggpo_lightning.rollouts.health.RunAborted` (e.g. a failing verifier): ``aborted.ckpt``,
       on every process.
     - Any other exception on one process: ``aborted.ckpt`` with the state at the failure
@@ -254,6 +255,9 @@ class RunGuard(Checkpoint):
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+        if trainer.received_sigterm:  # noted by Lightning's handler, installed before ours: this guard acts on it
+            trainer._signal_connector.received_sigterm = False  # else Lightning stops at the epoch's end, exit 0
+            self._on_signal(signal.SIGTERM, None)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.requested is not None:

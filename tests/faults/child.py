@@ -1,7 +1,7 @@
 """``ggpo-train`` in a child process, optionally killed (SIGKILL, by itself) at a chosen point: fault injection.
 
     python child.py [kill_save=K:FRACTION] [enospc_save=K:BYTES] [kill_step=K] [kill_rollout=K]
-        [signal_step=K:NAME] [record_batches=PATH] -- <ggpo-train arguments>
+        [signal_step=K:NAME] [signal_start=NAME] [record_batches=PATH] -- <ggpo-train arguments>
 
 ``kill_save``: during the K-th checkpoint save, after FRACTION of its bytes reached the
 temporary file; ``enospc_save``: the K-th checkpoint save fails with "No space left on device"
@@ -9,7 +9,8 @@ temporary file; ``enospc_save``: the K-th checkpoint save fails with "No space l
 ``kill_step``: at the start of the training step at global step K;
 ``kill_rollout``: in the middle of the K-th rollout (after generation, before scoring);
 ``signal_step``: the process sends itself signal NAME (``SIGINT``, ``SIGTERM``) at the start
-of the training step at global step K; ``record_batches``: each step's groups (prompt id, behavior version,
+of the training step at global step K; ``signal_start``: signal NAME once Lightning has installed its own
+signal handlers, before training starts (after the starting model's evaluation); ``record_batches``: each step's groups (prompt id, behavior version,
 response ids) are appended to the JSONL file PATH as the learner receives them.
 The kill lands where the plan says, not after a guessed delay.
 """
@@ -120,6 +121,18 @@ def _kill_in_rollout(k: int) -> None:
     GroupRollout.__call__ = call
 
 
+def _signal_at_start(name: str) -> None:
+    from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+    register = _SignalConnector.register_signal_handlers
+
+    def register_then_signal(self):
+        register(self)
+        os.kill(os.getpid(), getattr(signal, name))
+
+    _SignalConnector.register_signal_handlers = register_then_signal
+
+
 def _record_batches(path: str) -> None:
     import json
 
@@ -151,6 +164,8 @@ def main() -> None:
     if "signal_step" in plan:
         k, name = plan["signal_step"].split(":")
         _at_step(int(k), lambda: os.kill(os.getpid(), getattr(signal, name)))
+    if "signal_start" in plan:
+        _signal_at_start(plan["signal_start"])
     if "kill_rollout" in plan:
         _kill_in_rollout(int(plan["kill_rollout"]))
     if "record_batches" in plan:

@@ -28,7 +28,9 @@ def train_args(run_root: Path, model_dir: Path, data_dir: Path, *extra: str) -> 
 
 
 def child_env(tmpdir: Path | None = None) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(HERE)}
+    # the caller's PYTHONPATH kept: a worktree's tests then run that worktree's package, not the installed one
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
     return env

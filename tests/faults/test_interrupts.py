@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,18 @@ def test_a_signal_saves_a_checkpoint_and_summary_and_the_resume_matches_an_unint
     code, out = run(train_args(tmp_path / "b", tiny_model_dir, fault_data, "--ckpt_path", str(saved)))
     assert code == 0, out
     assert_same_weights(weights(run_dir(tmp_path / "b") / "checkpoints" / "last.ckpt"), reference_weights)
+
+
+def test_a_sigterm_after_lightning_took_the_handlers_and_before_training_stops_after_the_first_step(
+        tmp_path, tiny_model_dir, fault_data):
+    """Between Lightning's installing its signal handlers and the first step (the loaders' setup), a SIGTERM is
+    Lightning's to note: it stopped the run at an epoch's end with its own exception and exit code 0, a stopped run
+    that looked finished. The run guard takes it over at train start: stopped after the first step, exit 143."""
+    code, out = run(train_args(tmp_path, tiny_model_dir, fault_data), "signal_start=SIGTERM")
+    assert code == 128 + signal.SIGTERM, out
+    summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["reason"] == "stopped by SIGTERM", summary
+    assert summary["optimizer_steps"] == 1 and Path(summary["checkpoint"]).is_file()
 
 
 def _trial(seed: int, tmp_path, tiny_model_dir, fault_data, reference_weights, tmpdir) -> str:
