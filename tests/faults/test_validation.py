@@ -52,6 +52,29 @@ def test_config_errors_come_before_the_weights_load(tmp_path, tiny_model_dir, fa
         run_training(train_args(tmp_path, tiny_model_dir, fault_data, *extra))
 
 
+@pytest.mark.parametrize("objective,warned", [
+    (["--model.objective.name", "grpo"], True),
+    (["--model.objective.name", "grpo", "--model.objective.importance_sampling", "token_mask",
+      "--model.objective.importance_sampling_clip_min", "0.5", "--model.objective.importance_sampling_clip_max", "5"],
+     False),
+    (["--model.objective.name", "ggpo"], False),
+])
+def test_grpo_without_a_correction_on_offline_data_is_warned_of_before_the_weights_load(
+        tmp_path, tiny_model_dir, fault_data, monkeypatch, recwarn, objective, warned):
+    class Loaded(Exception):
+        """The preflight passed: the weights began to load."""
+
+    def load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr("ggpo_lightning.training.module.load_causal_lm", load)
+    with pytest.raises(Loaded):
+        run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--data.mode", "offline", *objective))
+    messages = [str(w.message) for w in recwarn if "never moves stalls it" in str(w.message)]
+    assert len(messages) == warned
+    assert not warned or "recipes/baselines/grpo-icepop.yaml" in messages[0]
+
+
 def test_a_negative_learning_rate_in_yaml_fails_before_the_weights_load(tmp_path, tiny_model_dir, fault_data,
                                                                        no_weights):
     overlay = tmp_path / "lr.yaml"
