@@ -146,13 +146,14 @@ def _excluded(path: Path, entries: Any, choices: dict[str, list]) -> list[dict[s
     for index, entry in enumerate(entries):
         if not (isinstance(entry, dict) and entry):
             _fail(path, f"exclude[{index}] must map axis names (or seed) to a value or a list, got {entry!r}")
+        entry = {key: names if isinstance(names, list) else [names] for key, names in entry.items()}
         for key, names in entry.items():
             if key not in choices:
                 _fail(path, f"exclude[{index}]: {key!r} is not an axis; the axes: {', '.join(choices)}")
-            for name in names if isinstance(names, list) else [names]:
+            for name in names:
                 if name not in choices[key]:
                     _fail(path, f"exclude[{index}].{key}: {name!r} is not one of {choices[key]}")
-        checked.append({key: names if isinstance(names, list) else [names] for key, names in entry.items()})
+        checked.append(entry)
     return checked
 
 
