@@ -59,7 +59,7 @@ def main() -> None:
 
     import torch
 
-    from ggpo_lightning.rollouts.hf_engine import sample_responses
+    from ggpo_lightning.rollouts.hf.engine import sample_responses
 
     torch.set_num_threads(args.threads)
     model, tokenizer = _random_model(args)

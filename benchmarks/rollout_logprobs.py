@@ -8,7 +8,7 @@ docs/PERFORMANCE.md; nothing downloaded) or loads ``--model``, then times, one t
 round of ``--prompts`` prompts x ``--k`` samples (alternating the three, ``--rounds`` each, medians):
 
 * ``sample only``: ``generate`` without log-probs (the floor);
-* ``recorded``: ``generate`` with :class:`~ggpo_lightning.rollouts.hf_engine.SampledTokenLogprobs`
+* ``recorded``: ``generate`` with :class:`~ggpo_lightning.rollouts.hf.engine.SampledTokenLogprobs`
   (what the engine does now);
 * ``scored``: ``generate``, then one forward over prompt + response
   (:func:`~ggpo_lightning.core.logprobs.response_token_logprobs`: what the engine did before).
@@ -43,7 +43,7 @@ def main() -> None:
 
     from ggpo_lightning.core.logprobs import response_token_logprobs
     from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
-    from ggpo_lightning.rollouts.hf_engine import sample_responses
+    from ggpo_lightning.rollouts.hf.engine import sample_responses
     from ggpo_lightning.tasks.arithmetic import ArithmeticTask
     from ggpo_lightning.tasks.tiny_model import TinyModelConfig, build_tiny_model
 

@@ -40,7 +40,7 @@ PHASES = [  # (phase, substrings of a Python frame "function (path:line)"), in p
     # matching frame anywhere in the stack wins (the whole training step runs inside the optimizer's closure, the
     # reference's forward inside the loss)
     ("verify", ("ggpo_verifiers/",)),
-    ("generate", ("rollouts/hf_engine.py",)),
+    ("generate", ("rollouts/hf/engine.py",)),
     ("reference_forward", ("ReferenceLogprobCache.",)),
     ("learner_forward", ("batch_token_logprobs (", "two_pass_loss (", "micro_batch_share (")),
     ("backward", ("torch/autograd/__init__.py", "torch/autograd/graph.py")),

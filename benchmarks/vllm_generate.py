@@ -8,8 +8,8 @@ weights (default 512 wide, 8 layers, 8 heads: the 33.6M-parameter benchmark mode
 of docs/PERFORMANCE.md; nothing downloaded, no warm-up: a random model rarely stops early,
 so every response runs to ``--max-new-tokens``), then times ``engine.generate`` of
 ``--prompts`` prompts x ``--k`` samples at temperature 1 with
-:class:`~ggpo_lightning.rollouts.engine.HFGenerateEngine` (transformers ``generate``, one
-prompt KV cache per group) and :class:`~ggpo_lightning.rollouts.vllm_engine.VLLMEngine` (vLLM
+:class:`~ggpo_lightning.rollouts.hf.engine.HFGenerateEngine` (transformers ``generate``, one
+prompt KV cache per group) and :class:`~ggpo_lightning.rollouts.vllm.engine.VLLMEngine` (vLLM
 colocated, in-process), both in ``--dtype`` and without recording log-probs. One
 untimed round each first (vLLM's first call compiles and allocates); then ``--rounds``
 timed rounds, alternating which engine goes first. Prints per engine the median seconds
@@ -30,11 +30,11 @@ import torch
 
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.rollouts.config import DTYPES, SamplingConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+from ggpo_lightning.rollouts.protocol import RolloutEngine
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine
 from ggpo_lightning.tasks.arithmetic import ArithmeticTask
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig, build_tiny_model
-from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+from ggpo_lightning.rollouts.vllm.engine import VLLMEngine
 
 
 def parse_args() -> argparse.Namespace:

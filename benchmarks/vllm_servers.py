@@ -13,8 +13,8 @@ two servers at once (``LocalFleet``, each ``--kv-cache-mib`` of KV cache, ``--ma
 **generate**: ``--prompts`` sums of the workload's held-out split (``benchmarks/workload.py``, model ``tiny``: the
 quickstart's 1.05M-parameter Llama, random weights, so responses run to ``--max-new-tokens``) x ``--k`` samples at
 temperature 1, log-probs recorded, through ``engine.generate`` of three engines on the same weights: ``colocated``
-(:class:`~ggpo_lightning.rollouts.vllm_engine.VLLMEngine`, in this process), ``1 server`` and ``2 servers``
-(:class:`~ggpo_lightning.rollouts.vllm_server.VLLMServerEngine` over one and both servers of one fleet). One untimed
+(:class:`~ggpo_lightning.rollouts.vllm.engine.VLLMEngine`, in this process), ``1 server`` and ``2 servers``
+(:class:`~ggpo_lightning.rollouts.fleet.engine.VLLMServerEngine` over one and both servers of one fleet). One untimed
 round each, then ``--rounds`` rounds, each timing the three in a rotating order. Prints per engine the median
 completions/s (responses per second of ``generate`` wall time), its min-max over rounds, tokens/s, and the ratio to
 the colocated engine per round (median and min-max: the figure to read on a shared machine), and the CPU seconds of
@@ -113,7 +113,7 @@ class Fleets:
         self.fleet = None
 
     def of(self, name: str, folder: Path):
-        from ggpo_lightning.rollouts.vllm_servers import LocalFleet
+        from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
 
         if self.name == name:
             return self.fleet
@@ -140,7 +140,7 @@ class Fleets:
 
 
 def server_engine(urls: list[str], tokenizer, timer: PhaseTimer | None = None):
-    from ggpo_lightning.rollouts.vllm_server import VLLMServerEngine
+    from ggpo_lightning.rollouts.fleet.engine import VLLMServerEngine
 
     engine = VLLMServerEngine(urls, tokenizer, torch.float32, record_logprobs=True, request_timeout=900,
                               server_timeout=300)
@@ -150,7 +150,7 @@ def server_engine(urls: list[str], tokenizer, timer: PhaseTimer | None = None):
 
 
 def colocated_engine(folder: Path, tokenizer, kv_bytes: int):
-    from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+    from ggpo_lightning.rollouts.vllm.engine import VLLMEngine
 
     return VLLMEngine(str(folder), tokenizer, torch.float32, record_logprobs=True,
                       engine_args={"max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": kv_bytes})

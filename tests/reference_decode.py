@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from transformers import LogitsProcessorList
 
-from ggpo_lightning.rollouts.hf_engine import _cache_of, _warpers
+from ggpo_lightning.rollouts.hf.engine import _cache_of, _warpers
 
 
 @torch.no_grad()

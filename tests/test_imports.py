@@ -13,7 +13,7 @@ import pytest
 import ggpo_lightning
 
 
-NEEDS_VLLM = {"ggpo_lightning.rollouts.vllm_transfer"}
+NEEDS_VLLM = {"ggpo_lightning.rollouts.fleet.gloo_backend"}
 """Modules made of subclasses of vLLM's own classes (the weight-transfer backend vLLM loads as a plugin)."""
 
 

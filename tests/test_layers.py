@@ -15,6 +15,14 @@ LAYERS = {"records": 0, "core": 1, "rollouts": 2, "tasks": 2, "models": 3, "eval
 
 LIGHTNING_GLUE = ("training", "cli")
 
+ROLLOUT_ROOMS = {"hf": set(), "vllm": set(), "fleet": {"vllm"}}
+"""The engine families of ``rollouts/``, a folder each, and the other rooms each may import: the fleet reuses the vLLM
+room's requests, replies and reload. Besides these a room imports only its own modules and :data:`ROLLOUT_SHARED`."""
+ROLLOUT_SHARED = {"ggpo_lightning.rollouts.config", "ggpo_lightning.rollouts.protocol"}
+"""What every engine room builds on: the settings and the engine protocol."""
+ROLLOUT_FACTORY = "ggpo_lightning.rollouts.factory"
+"""The one module of ``rollouts/`` outside the rooms that imports them (the engine is chosen there)."""
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -54,6 +62,33 @@ def test_imports_point_down_the_layers():
               for m, targets in GRAPH.items() for i in targets
               if layer(m) is not None and layer(i) is not None and layer(i) > layer(m)]
     assert not upward, "\n".join(upward)
+
+
+def rollout_room(module: str) -> str | None:
+    """The engine room of ``rollouts/`` that ``module`` is in (None: outside them)."""
+    parts = module.split(".")
+    in_folder = len(parts) > 2 and parts[1] == "rollouts" and (PACKAGE / "rollouts" / parts[2]).is_dir()
+    return parts[2] if in_folder else None
+
+
+def test_every_folder_of_rollouts_is_a_room():
+    folders = {p.name for p in (PACKAGE / "rollouts").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(ROLLOUT_ROOMS)
+
+
+def test_each_rollout_room_imports_only_itself_what_it_shares_and_the_rooms_it_builds_on():
+    crossing = [f"{m} imports {i}" for m, targets in GRAPH.items() if rollout_room(m)
+                for i in targets if i.startswith("ggpo_lightning.rollouts.") and i not in ROLLOUT_SHARED
+                and rollout_room(i) not in {rollout_room(m), *ROLLOUT_ROOMS[rollout_room(m)]}]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_only_the_factory_opens_the_rollout_rooms():
+    """The protocol, the sources, the producer and the group rollout never name an engine family."""
+    opened = [f"{m} imports {i}" for m, targets in GRAPH.items()
+              if m.startswith("ggpo_lightning.rollouts") and rollout_room(m) is None and m != ROLLOUT_FACTORY
+              for i in targets if rollout_room(i)]
+    assert not opened, "\n".join(opened)
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[str]:

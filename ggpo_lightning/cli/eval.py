@@ -224,7 +224,7 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
             if engine_args is None:
                 sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             else:
-                from ggpo_lightning.rollouts.engines import eval_engine
+                from ggpo_lightning.rollouts.factory import eval_engine
 
                 sampler = eval_engine(model, tokenizer, engine_args)
                 del model  # the engine holds its own copy

@@ -1,7 +1,7 @@
 """``ggpo serve``: vLLM's own OpenAI-compatible server for a model, started the way the trainer needs it.
 
-Contract: runs one server (:func:`~ggpo_lightning.rollouts.vllm_servers.serve_command`, with the environment of
-:func:`~ggpo_lightning.rollouts.vllm_servers.serve_env`) as a child whose output is this command's own, prints
+Contract: runs one server (:func:`~ggpo_lightning.rollouts.fleet.launcher.serve_command`, with the environment of
+:func:`~ggpo_lightning.rollouts.fleet.launcher.serve_env`) as a child whose output is this command's own, prints
 ``ggpo serve: http://HOST:PORT serving MODEL (weight transfer: BACKEND)`` once ``/health`` answers, and waits.
 SIGINT or SIGTERM stops the server with all its processes and exits 0; a server that ends by itself makes this
 command say so on one line and exit with its code (128 + N for signal N). Without vLLM, or with a vLLM argument the
@@ -39,17 +39,17 @@ def serve_command(model: str, port: int, host: str, dtype: str | None, seed: int
     Arguments after `--` go to vLLM as they are (e.g. `-- --max-model-len 4096`); the ones the trainer relies on
     (weight transfer, log-probs mode, host, port, seed, dtype, tokenizer, LoRA) are refused: use the options above.
     """
-    from ggpo_lightning.rollouts import vllm_servers
+    from ggpo_lightning.rollouts.fleet import launcher
     from ggpo_lightning.rollouts.config import VLLM_INSTALL_HINT, vllm_available
 
     if not vllm_available():
         _fail(f"vLLM is not installed: {VLLM_INSTALL_HINT}", 2)
     try:
-        argv = vllm_servers.serve_command(model, port, host=host, dtype=dtype, seed=seed, tokenizer=tokenizer,
+        argv = launcher.serve_command(model, port, host=host, dtype=dtype, seed=seed, tokenizer=tokenizer,
                                           max_lora_rank=lora_rank, extra_args=vllm_args)
     except ValueError as error:
         _fail(f"error: {error}", 2)
-    server = vllm_servers.LocalServer(argv, vllm_servers.serve_env(os.environ, lora=lora_rank is not None),
+    server = launcher.LocalServer(argv, launcher.serve_env(os.environ, lora=lora_rank is not None),
                                       host=host, port=port)
     requested: list[int] = []
 
@@ -70,7 +70,7 @@ def serve_command(model: str, port: int, host: str, dtype: str | None, seed: int
             continue  # it ended just now: reported above
         if ready:
             click.echo(f"ggpo serve: {server.url} serving {model} "
-                       f"(weight transfer: {vllm_servers.weight_transfer_backend()})")
+                       f"(weight transfer: {launcher.weight_transfer_backend()})")
             announced = True
         time.sleep(0.5)
     server.stop()

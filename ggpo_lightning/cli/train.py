@@ -24,7 +24,7 @@ from ggpo_lightning.records.atomic import remove_orphans
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted, RunSummary
 from ggpo_lightning.training.checkpoint_io import AtomicCheckpointIO, AtomicModelParallelStrategy
 from ggpo_lightning.training.data import PromptGroupDataModule
-from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.records.errors import RunAborted
 from ggpo_lightning.training.module import GGPOModule
 from ggpo_lightning.training.preflight import check_run
 from ggpo_lightning.training.settings import check_model_settings

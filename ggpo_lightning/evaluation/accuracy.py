@@ -40,9 +40,9 @@ from ggpo_lightning.records.errors import DataError
 from ggpo_lightning.records.formats import detect_format
 from ggpo_lightning.records.prompts import PromptRow, load_prompt_rows, read_records
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts.engine import Generation
+from ggpo_lightning.rollouts.protocol import Generation
 from ggpo_lightning.rollouts.group import ChatTemplate, encode_prompt
-from ggpo_lightning.rollouts.hf_engine import generate_responses
+from ggpo_lightning.rollouts.hf.engine import generate_responses
 from ggpo_verifiers import Verifier
 
 __all__ = ["EvalConfig", "EvalResult", "accuracy_across_ranks", "avg_at_k", "check_settings", "count_correct",
@@ -343,7 +343,7 @@ def _correct_per_prompt(tokenizer: PreTrainedTokenizerBase, responses: Sequence[
 
 
 class EvalEngine(Protocol):
-    """What evaluation needs from a rollout engine (:func:`~ggpo_lightning.rollouts.engines.eval_engine`)."""
+    """What evaluation needs from a rollout engine (:func:`~ggpo_lightning.rollouts.factory.eval_engine`)."""
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]: ...
 
@@ -384,7 +384,7 @@ def evaluate_model(model: PreTrainedModel | EvalEngine, tokenizer: PreTrainedTok
                    ) -> EvalResult:
     """Draw ``k`` responses per problem, score them with ``verifier``, count the correct ones (one process).
 
-    ``model``: a transformers model, or an engine holding one (:func:`~ggpo_lightning.rollouts.engines.eval_engine`,
+    ``model``: a transformers model, or an engine holding one (:func:`~ggpo_lightning.rollouts.factory.eval_engine`,
     ``ggpo eval --engine vllm``; ``batch_size`` then does not apply).
 
     Prompts are ``template.format(prompt=row.prompt)``, wrapped as the last user turn of the

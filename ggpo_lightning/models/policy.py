@@ -29,7 +29,7 @@ from ggpo_lightning.core.distributed import broadcast_from_rank0_
 from ggpo_lightning.models.sharding import copy_weights_, full_state_items, is_sharded, shard_decoder_layers
 from ggpo_lightning.models.lora import (LoraSettings, adapter_disabled, base_fingerprint, merge_and_reset, plain_state_dict,
                                  save_adapter, wrap)
-from ggpo_lightning.rollouts.engine import AdapterWeights, Weights
+from ggpo_lightning.rollouts.protocol import AdapterWeights, Weights
 
 __all__ = ["Policy"]
 

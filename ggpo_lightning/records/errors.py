@@ -1,12 +1,13 @@
 """The project's own error types: mistakes a user can fix. ``ggpo-train`` and ``ggpo`` print their message (the
 recipe key, the file and line, the fix) without a traceback; any other exception is a bug and keeps its traceback.
 
-Each is also the built-in type the check raised before these types existed (mostly ``ValueError``)."""
+Each is also the built-in type the check raised before these types existed (mostly ``ValueError``). Beside them,
+:class:`RunAborted`: not a mistake but a deliberate stop of a run (a failing verifier, no usable rollout server)."""
 
 from __future__ import annotations
 
 __all__ = ["CheckpointError", "DataError", "DiskFullError", "FolderInUseError", "MissingFileError", "ResumeError",
-           "SettingsError", "UserError"]
+           "RunAborted", "SettingsError", "UserError"]
 
 
 class UserError(Exception):
@@ -42,3 +43,10 @@ class ResumeError(UserError, ValueError):
 class DiskFullError(UserError, OSError):
     """A save found no space left (or the quota spent): the message names the path, the space needed and the
     space free. Not a ValueError: nothing the user gave was wrong, but the user can fix it."""
+
+
+class RunAborted(RuntimeError):
+    """A deliberate stop, raised at the same point on every process: ``ggpo-train`` saves a checkpoint and a
+    ``summary.json`` saying why, then exits non-zero."""
+
+    status = "aborted"

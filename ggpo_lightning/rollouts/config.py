@@ -66,8 +66,8 @@ class RolloutConfig:
     """Precision of the rollout model (``bfloat16`` for a learner in float32 = numerics mismatch); None = the learner's."""
     engine: str = "hf"
     """``hf``: transformers ``generate`` on a copy of the learner; ``vllm``: a vLLM engine in the trainer process
-    (:mod:`~ggpo_lightning.rollouts.vllm_engine`); ``vllm_server``: vLLM servers, on this machine or others
-    (``servers``; :mod:`~ggpo_lightning.rollouts.vllm_server`). Both vLLM engines need ``pip install
+    (:mod:`~ggpo_lightning.rollouts.vllm.engine`); ``vllm_server``: vLLM servers, on this machine or others
+    (``servers``; :mod:`~ggpo_lightning.rollouts.fleet.engine`). Both vLLM engines need ``pip install
     'ggpo-lightning[vllm]'``."""
     vllm_args: dict[str, Any] = field(default_factory=dict)
     """More ``vllm.LLM`` keyword arguments for ``engine: vllm`` (e.g. ``gpu_memory_utilization``, ``max_model_len``),
@@ -87,7 +87,7 @@ class RolloutConfig:
     the new weights (a response can straddle two versions; both are recorded); ``drain``: they finish with the old
     weights first. None: ``keep``, or ``drain`` for objectives that use behavior log-probs (GRPO).
     ``engine: hf`` (schedule ``sync``): ``keep`` emulates a fleet's in-flight updates, each sync's weights swapped
-    in at a random decoding step of the next rollout (:mod:`~ggpo_lightning.rollouts.in_flight`); None or
+    in at a random decoding step of the next rollout (:mod:`~ggpo_lightning.rollouts.hf.in_flight`); None or
     ``drain``: the weights change between rollouts."""
     request_timeout: float = 600.0
     """``engine: vllm_server``: seconds one request (or one step of a weight push) may take before its server is
@@ -100,7 +100,7 @@ class RolloutConfig:
     process, online data; the HF engine or vLLM servers). Was ``mode``."""
     async_worker: str = "process"
     """``async`` with the HF engine: where generation runs. ``process``: a child process on the engine's weights in
-    shared memory (:class:`~ggpo_lightning.rollouts.child_engine.ChildProcessEngine`; CPU; the two do not share the GIL);
+    shared memory (:class:`~ggpo_lightning.rollouts.hf.child_process.ChildProcessEngine`; CPU; the two do not share the GIL);
     ``thread``: in the producer thread itself."""
     truncation: str = "verified"
     """A response that reaches ``sampling.max_new_tokens`` without EOS: ``verified`` (its reward as the verifier
@@ -204,7 +204,7 @@ class RolloutConfig:
     @property
     def emulates_in_flight_updates(self) -> bool:
         """``in_flight_updates: keep`` with the HF engine: syncs land inside rollouts
-        (:class:`~ggpo_lightning.rollouts.in_flight.InFlightUpdates`)."""
+        (:class:`~ggpo_lightning.rollouts.hf.in_flight.InFlightUpdates`)."""
         return self.engine == "hf" and self.in_flight_updates == "keep"
 
     @property

@@ -15,7 +15,7 @@ from ggpo_verifiers import VerifierStats
 from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine, cached_weight_casts
+from ggpo_lightning.rollouts.protocol import RolloutEngine, cached_weight_casts
 
 __all__ = ["ChatTemplate", "GroupRollout", "RolloutCounts", "chat_messages", "chat_settings", "encode_prompt"]
 

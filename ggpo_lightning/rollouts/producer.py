@@ -1,11 +1,11 @@
 """Asynchronous rollouts: a producer thread generates the next steps' groups while the learner trains.
 
 ``model.rollout.schedule: async`` (one process; the HF engine, or vLLM servers:
-:mod:`~ggpo_lightning.rollouts.vllm_server`). :class:`RolloutProducer` runs the
+:mod:`~ggpo_lightning.rollouts.fleet.engine`). :class:`RolloutProducer` runs the
 rollout (engine + verifier) in a background thread on the engine's *current* weights and
 queues whole steps' batches; the learner takes one per step (:meth:`RolloutProducer.take`).
 With ``model.rollout.async_worker: process`` (the default) the engine's ``generate`` runs
-in a child process (:class:`~ggpo_lightning.rollouts.child_engine.ChildProcessEngine`) and the thread
+in a child process (:class:`~ggpo_lightning.rollouts.hf.child_process.ChildProcessEngine`) and the thread
 only waits for it and for the verifier: with one torch thread each, the learner runs on one
 core and generation on another. With ``thread`` the thread generates itself; the two then
 share the GIL, which a small model's Python-bound steps hold most of the time.
@@ -21,7 +21,7 @@ for fresher weights instead of running further ahead. Steps advance by at most o
 take, so no batch produced under the bound is consumed past it. ``max_staleness`` must be
 ``>= sync_every - 1`` (the staleness of sync mode), else the producer would wait for a
 sync that only comes after the batch it is producing: a deadlock, refused by
-:meth:`~ggpo_lightning.rollouts.engine.RolloutConfig.errors`.
+:meth:`~ggpo_lightning.rollouts.protocol.RolloutConfig.errors`.
 
 **A group past the bound** can still arrive: a run resumed with a lower ``max_staleness``
 than the one its queued (checkpointed) batches were produced under. The rule: such groups
@@ -68,9 +68,9 @@ from torch import Tensor
 
 from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.records.prompts import PromptRow
-from ggpo_lightning.rollouts.engine import RolloutEngine, autocast_device
+from ggpo_lightning.rollouts.protocol import RolloutEngine, autocast_device
 from ggpo_lightning.rollouts.group import RolloutCounts
-from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.records.errors import RunAborted
 
 __all__ = ["ProducedBatch", "RolloutProducer"]
 
@@ -105,7 +105,7 @@ class RolloutProducer:
     """Generates batches ahead of the learner in a background thread, staleness bounded.
 
     Args:
-        rollout: prompts in, scored groups out (:class:`~ggpo_lightning.rollouts.engine.GroupRollout`); called in the
+        rollout: prompts in, scored groups out (:class:`~ggpo_lightning.rollouts.protocol.GroupRollout`); called in the
             producer thread only.
         engine: the rollout's engine; its weights change in the producer thread only (hand-off).
         next_prompts: the next step's prompts (this process's share); called under :attr:`lock`.

@@ -31,7 +31,7 @@ from torch import Tensor
 from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine, Weights, weight_pairs
+from ggpo_lightning.rollouts.protocol import RolloutEngine, Weights, weight_pairs
 from ggpo_lightning.rollouts.group import GroupRollout, RolloutCounts
 from ggpo_lightning.rollouts.producer import ProducedBatch, RolloutProducer
 

@@ -23,7 +23,7 @@ from ggpo_lightning.records.atomic import atomic_write_text
 from ggpo_lightning.records.errors import DiskFullError
 from ggpo_lightning.core.distributed import sum_across_ranks, world
 from ggpo_lightning.models.export import write_folder
-from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.records.errors import RunAborted
 
 __all__ = ["EveryNUpdates", "ReferenceRefresh", "RunGuard", "RunInterrupted", "RunSummary", "StepProgressBar"]
 
@@ -227,7 +227,7 @@ class RunGuard(Checkpoint):
       the run (``ggpo-train`` exits 128 + the signal number). A second signal stops at once
       (Lightning's KeyboardInterrupt handling; the checkpoint is then taken mid-step). A SIGTERM
       that Lightning's own handler noted before training started stops the run after its first step.
-    - :class:`~ggpo_lightning.rollouts.health.RunAborted` (e.g. a failing verifier): ``aborted.ckpt``,
+    - :class:`~ggpo_lightning.records.errors.RunAborted` (e.g. a failing verifier): ``aborted.ckpt``,
       on every process.
     - Any other exception on one process: ``aborted.ckpt`` with the state at the failure
       (resumable, not draw for draw). On several processes only the deliberate stops

@@ -52,10 +52,10 @@ from ggpo_lightning.models.policy import Policy
 from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.records.prompts import PromptRow, validate_golds
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.engines import make_engine
+from ggpo_lightning.rollouts.protocol import RolloutEngine
+from ggpo_lightning.rollouts.factory import make_engine
 from ggpo_lightning.rollouts.group import ChatTemplate, GroupRollout
-from ggpo_lightning.rollouts.health import VerifierHealth, VerifierHealthConfig
+from ggpo_lightning.training.verifier_health import VerifierHealth, VerifierHealthConfig
 from ggpo_lightning.rollouts.source import RolloutBatch
 from ggpo_lightning.training.callbacks import ReferenceRefresh, StepProgressBar
 from ggpo_lightning.training.checkpoint_hooks import CheckpointHooks
@@ -87,7 +87,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
             a plugin) or ``{"class_path": ..., "init_args": ...}``.
         verifier_timeout: wall-clock seconds per answer check.
         verifier_health: when a broken verifier aborts the run (failed-check share, patience) and
-            when a slow one is warned about (:class:`~ggpo_lightning.rollouts.health.VerifierHealthConfig`).
+            when a slow one is warned about (:class:`~ggpo_lightning.training.verifier_health.VerifierHealthConfig`).
         ref_refresh_every: copy the learner into the reference every N optimizer updates
             (0 = never).
         optimizer: optimizer over the learner's parameters only.

@@ -122,12 +122,12 @@ def _check_engine_installed(rollout: dict[str, Any]) -> None:
 
 def _check_servers(rollout: dict[str, Any], tokenizer: Any, context: int, lora: dict[str, Any] | None) -> None:
     """``model.rollout.servers`` given as URLs: each answers, runs with the RL routes and the flags the trainer needs
-    (runtime LoRA adapters for a ``lora`` run), and serves this model's vocabulary with room for ``context`` tokens (:func:`~ggpo_lightning.rollouts.vllm_server.
+    (runtime LoRA adapters for a ``lora`` run), and serves this model's vocabulary with room for ``context`` tokens (:func:`~ggpo_lightning.rollouts.fleet.engine.
     server_errors`)."""
     servers = rollout.get("servers")
     if rollout.get("engine") != "vllm_server" or not isinstance(servers, list):
         return
-    from ggpo_lightning.rollouts.vllm_server import server_errors
+    from ggpo_lightning.rollouts.fleet.server_checks import server_errors
 
     rank = build_config(LoraSettings, lora).r if lora else None
     errors = [error for url in servers for error in server_errors(url, tokenizer, context, rank)]

@@ -39,7 +39,7 @@ from ggpo_lightning.core.distributed import world
 from ggpo_lightning.models.checkpoint import RolloutState
 from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.engine import Weights
+from ggpo_lightning.rollouts.protocol import Weights
 from ggpo_lightning.rollouts.group import GroupRollout
 from ggpo_lightning.rollouts.source import RolloutSource, make_source
 from ggpo_lightning.training.callbacks import EveryNUpdates, RunSummary

@@ -14,7 +14,7 @@ from ggpo_lightning.models.compiled import compile_errors
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.records.errors import SettingsError
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.health import VerifierHealthConfig
+from ggpo_lightning.training.verifier_health import VerifierHealthConfig
 
 __all__ = ["build_config", "check_model_settings", "check_settings", "run_settings"]
 

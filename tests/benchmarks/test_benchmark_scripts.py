@@ -255,7 +255,7 @@ def test_step_profile_classifies_samples_by_phase_and_leaf():
     assert classify(_stack(*step)) == ("loss_and_metrics", "python")  # executing Python: no native frame below
     assert classify(_stack("Adam.step (torch/optim/adam.py:227)", "_fused_adamw_kernel_cpu_ (libtorch_cpu.so)",
                            "at::native::fused_adam_kernel (libtorch_cpu.so)")) == ("optimizer", "kernel")
-    assert classify(_stack("_decode (ggpo_lightning/rollouts/hf_engine.py:260)")) == ("generate", "python")
+    assert classify(_stack("_decode (ggpo_lightning/rollouts/hf/engine.py:260)")) == ("generate", "python")
     assert classify(["<module> (ggpo_worker.py:131)", "heldout_accuracy (ggpo_lightning/evaluation/accuracy.py:4)"]) is None
 
 

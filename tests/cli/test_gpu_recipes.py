@@ -136,7 +136,7 @@ FLEET_FALLBACK = ("--model.rollout.engine", "hf", "--model.rollout.servers", "nu
 def test_the_fleet_recipe_serves_on_gpus_of_its_own_one_server_each():
     """qwen3-1.7b-math-fleet: 4 training GPUs (0-3, FSDP2) and 4 local vLLM servers, one GPU each, apart from them."""
     from ggpo_lightning.rollouts.config import RolloutConfig
-    from ggpo_lightning.rollouts.vllm_servers import split_devices
+    from ggpo_lightning.rollouts.fleet.launcher import split_devices
 
     recipe = yaml.safe_load(FLEET_RECIPE.read_text())
     trainer, rollout = recipe["trainer"], recipe["model"]["rollout"]

@@ -15,7 +15,7 @@ from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.core.distributed import all_gather_objects, interleave, rank_share, sum_across_ranks, world
 from ggpo_lightning.models.sharding import copy_weights_, decoder_layers
 from ggpo_lightning.core.distributed import _summed_metric
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine
 from ggpo_lightning.rollouts.group import RolloutCounts
 from ggpo_lightning.rollouts.source import SyncSource
 from ggpo_lightning.testing import make_group

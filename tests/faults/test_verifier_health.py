@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from faultkit import HERE, run_dir, train_args
-from ggpo_lightning.rollouts.health import (VerifierHealth, VerifierHealthConfig, VerifierHealthError,
-                                            ZeroRewardError)
+from ggpo_lightning.training.verifier_health import (VerifierHealth, VerifierHealthConfig, VerifierHealthError,
+                                                    ZeroRewardError)
 from ggpo_lightning.cli.train import run_training
 
 
@@ -55,7 +55,7 @@ def test_an_abort_needs_max_zero_reward_steps_in_a_row_at_reward_0():
 def test_a_hang_that_costs_a_large_share_of_the_step_is_warned_about_once(caplog):
     health = VerifierHealth(VerifierHealthConfig(warn_wait_share=0.25, patience=99))
     health._step_start -= 10.0  # the step began 10 s ago
-    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.rollouts.health"):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.training.verifier_health"):
         health.check_step(counts(timeout=2), step=0, verify_seconds=9.0, reward=0.5)
         health._step_start -= 10.0
         health.check_step(counts(timeout=2), step=1, verify_seconds=9.0, reward=0.5)
@@ -102,7 +102,7 @@ def test_a_verifier_crashing_on_the_starting_evaluation_aborts_before_training(t
 
 def test_a_hanging_verifier_is_warned_about_and_aborts(tmp_path, tiny_model_dir, fault_data, plugins_importable,
                                                         caplog):
-    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.rollouts.health"):
+    with caplog.at_level(logging.WARNING, logger="ggpo_lightning.training.verifier_health"):
         with pytest.raises(VerifierHealthError, match=r"0 crashed, \d+ timed out"):
             run_training(train_args(tmp_path, tiny_model_dir, fault_data, "--model.verifier", "plugins.Hangs",
                                     "--model.verifier_timeout", "0.2", "--model.verifier_health.patience", "1"))

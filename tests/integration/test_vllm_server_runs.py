@@ -21,7 +21,7 @@ import pytest
 
 import server_faults
 from ggpo_lightning.cli.train import exit_code, run_training
-from ggpo_lightning.rollouts.health import RunAborted
+from ggpo_lightning.records.errors import RunAborted
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +44,7 @@ def quickstart(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fleet(quickstart):
-    from ggpo_lightning.rollouts.vllm_servers import LocalFleet
+    from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     fleet = LocalFleet(str(quickstart / "runs" / "quickstart" / "tiny-model"), 2, log_dir=quickstart / "servers",

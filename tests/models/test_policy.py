@@ -10,7 +10,7 @@ from ggpo_lightning.models.checkpoint import LoraState, RolloutState, RunState
 from ggpo_lightning.models.loading import load_causal_lm
 from ggpo_lightning.models.lora import LoraSettings
 from ggpo_lightning.models.policy import Policy
-from ggpo_lightning.rollouts.engine import weight_pairs
+from ggpo_lightning.rollouts.protocol import weight_pairs
 
 pytest.importorskip("peft")
 

@@ -7,7 +7,7 @@ import copy
 import torch
 
 from ggpo_lightning.core.logprobs import response_token_logprobs
-from ggpo_lightning.rollouts.child_engine import ChildProcessEngine
+from ggpo_lightning.rollouts.hf.child_process import ChildProcessEngine
 from ggpo_lightning.rollouts.config import SamplingConfig
 
 

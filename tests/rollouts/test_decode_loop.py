@@ -11,8 +11,8 @@ from reference_decode import reference_sample_responses
 from weight_swap import final_norm_changed
 
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts import hf_engine
-from ggpo_lightning.rollouts.hf_engine import (STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
+from ggpo_lightning.rollouts.hf import engine as hf_engine
+from ggpo_lightning.rollouts.hf.engine import (STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
                                               sample_responses)
 
 LOGPROB_ATOL = 1e-5

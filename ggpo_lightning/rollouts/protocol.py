@@ -3,9 +3,9 @@
 An engine holds its *own* copy of the model. It changes only when the trainer calls
 ``load_weights`` (every ``model.rollout.sync_every`` optimizer updates), so between syncs it
 is a stale snapshot of the learner, the behavior policy ``mu`` GGPO learns from. The
-implementations (:mod:`~ggpo_lightning.rollouts.hf_engine` and its child-process variant,
-:mod:`~ggpo_lightning.rollouts.vllm_engine`, :mod:`~ggpo_lightning.rollouts.vllm_server`) are chosen in one
-place, :func:`~ggpo_lightning.rollouts.engines.make_engine`; any object with these methods can replace them.
+implementations (:mod:`~ggpo_lightning.rollouts.hf.engine` and its child-process variant,
+:mod:`~ggpo_lightning.rollouts.vllm.engine`, :mod:`~ggpo_lightning.rollouts.fleet.engine`) are chosen in one
+place, :func:`~ggpo_lightning.rollouts.factory.make_engine`; any object with these methods can replace them.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["CPU_WEIGHT_BACKEND", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "serve_command", "serve_env",
-           "split_devices", "vllm_flags", "weight_transfer_backend"]
+__all__ = ["CPU_WEIGHT_BACKEND", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "free_ports", "serve_command",
+           "serve_env", "split_devices", "vllm_flags", "weight_transfer_backend"]
 
 CPU_WEIGHT_BACKEND = "ggpo_gloo"
 """The weight-transfer backend on machines without CUDA: a vLLM general plugin registered by this package."""
@@ -316,7 +316,7 @@ class LocalFleet:
             raise ValueError("the fleet has no log_dir: set it to a folder of the run before start()")
         self.log_dir = Path(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        ports = _free_ports("127.0.0.1", self.count)
+        ports = free_ports("127.0.0.1", self.count)
         self.servers = [self._server(i, port) for i, port in enumerate(ports)]
         try:
             for server in self.servers:
@@ -458,7 +458,7 @@ def _connect_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-def _free_ports(host: str, count: int) -> list[int]:
+def free_ports(host: str, count: int) -> list[int]:
     """``count`` distinct ports free on ``host`` now (all held open until each is chosen)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from ggpo_lightning.models.loading import load_causal_lm, load_tokenizer
-from ggpo_lightning.rollouts.child_engine import ChildProcessEngine
+from ggpo_lightning.rollouts.hf.child_process import ChildProcessEngine
 from ggpo_lightning.rollouts.config import RolloutConfig
-from ggpo_lightning.rollouts.engine import RolloutEngine
-from ggpo_lightning.rollouts.engines import make_engine
-from ggpo_lightning.rollouts.hf_engine import HFGenerateEngine
+from ggpo_lightning.rollouts.protocol import RolloutEngine
+from ggpo_lightning.rollouts.factory import make_engine
+from ggpo_lightning.rollouts.hf.engine import HFGenerateEngine
 
 
 @pytest.mark.parametrize("settings,lora,kind,shares", [

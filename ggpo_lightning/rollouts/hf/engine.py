@@ -15,7 +15,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, StaticCache, Tem
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ggpo_lightning.rollouts.config import SamplingConfig
-from ggpo_lightning.rollouts.engine import Generation, Weights, copy_pairs
+from ggpo_lightning.rollouts.protocol import Generation, Weights, copy_pairs
 
 __all__ = ["HFGenerateEngine", "SampledResponses", "SampledTokenLogprobs", "StepHook", "generate_responses",
            "sample_responses"]

@@ -30,7 +30,7 @@ FP32_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def fleet(wide_tiny_model_dir, tmp_path_factory):
-    from ggpo_lightning.rollouts.vllm_servers import LocalFleet
+    from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two servers and the tests on two cores
     fleet = LocalFleet(str(wide_tiny_model_dir), 2, log_dir=tmp_path_factory.mktemp("servers"), dtype="float32",
@@ -57,7 +57,7 @@ def tok(wide_tiny_model_dir):
 
 
 def engine_for(urls, tok, **kwargs):
-    from ggpo_lightning.rollouts.vllm_server import VLLMServerEngine
+    from ggpo_lightning.rollouts.fleet.engine import VLLMServerEngine
 
     return VLLMServerEngine(list(urls), tok, torch.float32, **kwargs)
 
@@ -191,7 +191,7 @@ def test_a_server_restarted_unnoticed_is_taken_out_not_trusted(fleet, learner, t
 def test_a_request_the_servers_refuse_is_the_runs_error_not_theirs(fleet, learner, tok):
     """A prompt longer than the servers' context is refused (HTTP 400) by every server alike: raised at once,
     naming the server's reason, and no server is taken out."""
-    from ggpo_lightning.rollouts.vllm_server import RequestRejected
+    from ggpo_lightning.rollouts.fleet.engine import RequestRejected
 
     engine = engine_for(fleet.urls, tok)
     engine.load_weights(learner, version=1)
@@ -202,7 +202,7 @@ def test_a_request_the_servers_refuse_is_the_runs_error_not_theirs(fleet, learne
 
 
 def test_with_every_server_gone_the_engine_stops_naming_each(tok, learner):
-    from ggpo_lightning.rollouts.vllm_server import ServersUnavailable
+    from ggpo_lightning.rollouts.fleet.engine import ServersUnavailable
 
     engine = engine_for(["http://127.0.0.1:9", "http://127.0.0.1:10"], tok, server_timeout=2)
     start = time.monotonic()
@@ -213,7 +213,7 @@ def test_with_every_server_gone_the_engine_stops_naming_each(tok, learner):
 
 
 def test_the_preflight_names_what_a_server_lacks(fleet, tok):
-    from ggpo_lightning.rollouts.vllm_server import server_errors
+    from ggpo_lightning.rollouts.fleet.server_checks import server_errors
 
     assert server_errors(fleet.urls[0], tok, 16) == []
     [short] = server_errors(fleet.urls[0], tok, 10_000)
@@ -225,7 +225,7 @@ def test_the_preflight_names_what_a_server_lacks(fleet, tok):
 @pytest.fixture(scope="module")
 def lora_fleet(wide_tiny_model_dir, tmp_path_factory):
     """One server that takes runtime LoRA adapters (rank 8)."""
-    from ggpo_lightning.rollouts.vllm_servers import LocalFleet
+    from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
 
     fleet = LocalFleet(str(wide_tiny_model_dir), 1, log_dir=tmp_path_factory.mktemp("lora-servers"), dtype="float32",
                        max_lora_rank=8, extra_args=["--kv-cache-memory-bytes", str(64 << 20)])

@@ -1,12 +1,12 @@
 """vLLM as the rollout engine (``model.rollout.engine: vllm``).
 
-:class:`VLLMEngine` implements :class:`~ggpo_lightning.rollouts.engine.RolloutEngine` with a vLLM
+:class:`VLLMEngine` implements :class:`~ggpo_lightning.rollouts.protocol.RolloutEngine` with a vLLM
 ``LLM`` *colocated* in the trainer process: the engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a weight sync streams the learner's tensors
 straight into vLLM's model, one ``(name, tensor)`` pair at a time, without a second full
 copy in host memory and without serialization.
 Generation in processes of their own, on devices or machines of their own, is vLLM's own server
-(``model.rollout.engine: vllm_server``, :mod:`~ggpo_lightning.rollouts.vllm_server`).
+(``model.rollout.engine: vllm_server``, :mod:`~ggpo_lightning.rollouts.fleet.engine`).
 
 - Built lazily, at the first rollout or sync (after Lightning placed the process on its
   device), from the learner's saved folder (``model_name_or_path``) in the rollout's
@@ -18,7 +18,7 @@ Generation in processes of their own, on devices or machines of their own, is vL
   (``sampling.generation_batch_size`` applies to the HF engine only).
 - Behavior log-probs: vLLM's ``logprobs_mode="raw_logprobs"``, the log-softmax of the
   model's logits before temperature and top-p (computed in float32 from the model's
-  logits), the same quantity as :class:`~ggpo_lightning.rollouts.engine.HFGenerateEngine` records.
+  logits), the same quantity as :class:`~ggpo_lightning.rollouts.hf.engine.HFGenerateEngine` records.
 - GPU memory: vLLM's default ``gpu_memory_utilization`` is lowered to 0.3 (training runs
   beside it), and where the platform has vLLM's sleep mode (CUDA; not CPU) the engine
   sleeps between rollouts (level 1: weights offloaded to host memory, KV cache freed)
@@ -44,22 +44,24 @@ import contextlib
 import os
 import random
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ggpo_lightning.rollouts.config import VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, SamplingConfig, vllm_available
-from ggpo_lightning.rollouts.engine import Generation, SyncedOnResume, Weights, weight_pairs
+from ggpo_lightning.rollouts.config import VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, vllm_available
+from ggpo_lightning.rollouts.protocol import Generation, Weights, weight_pairs
+from ggpo_lightning.rollouts.vllm.reload import finish_reload, start_reload
+from ggpo_lightning.rollouts.vllm.sampler import VLLMSampler
 
-__all__ = ["VLLMEngine", "draw_seeds"]
+__all__ = ["VLLMEngine"]
 
 OWN_ARGS = ("model", "tokenizer", "dtype", "logprobs_mode", "seed")
 """``LLM`` arguments the engine sets itself: not overridable through ``model.rollout.vllm_args``."""
 
 
-class VLLMEngine(SyncedOnResume):
+class VLLMEngine(VLLMSampler):
     """Samples with a colocated vLLM ``LLM`` built from ``model_name_or_path`` in ``dtype``.
 
     Args:
@@ -172,51 +174,26 @@ class VLLMEngine(SyncedOnResume):
         self.llm.reset_prefix_cache()
         self.version = version
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[Generation]:
-        """``n`` samples per prompt at ``sampling``'s temperature and top-p, one seeded request per prompt."""
-        return self.generate_seeded(prompt_ids, n, sampling, draw_seeds(len(prompt_ids)))
-
-    def generate_seeded(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig,
-                        seeds: Sequence[int]) -> list[Generation]:
-        """:meth:`generate` with the per-prompt request seeds given (one per prompt, e.g. drawn in another process)."""
+    def _complete(self, prompt_ids: list[list[int]], params: list[dict[str, Any]]) -> list[Generation]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, seed=seed, **self._output_args())
-                  for seed in seeds]
-        return self._run(prompt_ids, params)
-
-    def greedy(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[Generation]:
-        """One greedy (argmax) response per prompt."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens, **self._output_args())
-        return self._run(prompt_ids, [params] * len(prompt_ids))
-
-    def _output_args(self) -> dict[str, Any]:
-        # logprobs=0: the sampled token's log-prob only; texts are decoded by our tokenizer
-        return {"logprobs": 0 if self.record_logprobs else None, "detokenize": False,
-                "stop_token_ids": [self.tokenizer.eos_token_id]}
-
-    def _run(self, prompt_ids: list[list[int]], params: Sequence) -> list[Generation]:
         self._wake()
         with _autocast_off():  # vLLM runs its model in its own dtype, also inside a bf16-mixed training step
-            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], list(params),
-                                        use_tqdm=False)
+            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids],
+                                        [SamplingParams(**fields) for fields in params], use_tqdm=False)
         if self._sleeps:
             self.llm.sleep(level=1)
             self._asleep = True
-        generations = []
-        for prompt, output in zip(prompt_ids, outputs):
-            responses = [list(sample.token_ids) for sample in output.outputs]
-            logprobs = None
-            if self.record_logprobs:
-                logprobs = [[float(position[token].logprob) for token, position in zip(ids, sample.logprobs)]
-                            for ids, sample in zip(responses, output.outputs)]
-            generations.append(Generation(prompt_ids=list(prompt), response_ids=responses,
-                                          responses=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
-                                          token_logprobs=logprobs))
-        return generations
+        return [self._read(prompt, output) for prompt, output in zip(prompt_ids, outputs)]
+
+    def _read(self, prompt: list[int], output: Any) -> Generation:
+        """One prompt's ``RequestOutput``: each sample's token ids and (recorded) the log-probs of its tokens."""
+        responses = [list(sample.token_ids) for sample in output.outputs]
+        logprobs = None
+        if self.record_logprobs:
+            logprobs = [[float(position[token].logprob) for token, position in zip(ids, sample.logprobs)]
+                        for ids, sample in zip(responses, output.outputs)]
+        return self._generation(prompt, responses, logprobs)
 
     def _wake(self) -> None:
         if self._asleep:
@@ -224,28 +201,18 @@ class VLLMEngine(SyncedOnResume):
             self._asleep = False
 
 
-def draw_seeds(prompts: int) -> list[int]:
-    """One vLLM request seed per prompt, from torch's global RNG (seeded per run and rank: runs repeat)."""
-    return torch.randint(2**31 - 1, (prompts,)).tolist()
-
-
 def _load_into_worker(worker, pairs: Iterator[tuple[str, Tensor]]) -> list[str]:
-    """Runs on vLLM's worker (in this process): ``pairs`` into its model; the parameters left without a weight.
-
-    vLLM's in-place reload in checkpoint format (what ``Worker.reload_weights`` does, keeping the set of
-    loaded parameters): after the first load vLLM has processed its weights into kernel format (on CPU
-    the weight loaders are gone), and the layer-wise reload restores the loaders and re-processes each
-    layer as its weights arrive, so no second full copy is made.
-    """
+    """Runs on vLLM's worker (in this process): ``pairs`` into its model by vLLM's layer-wise reload
+    (:mod:`~ggpo_lightning.rollouts.vllm.reload`: what ``Worker.reload_weights`` does, keeping the set of loaded
+    parameters); the parameters left without a weight."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
     model = worker.model_runner.model
     expected = {name for name, _ in model.named_parameters()}
     with set_current_vllm_config(worker.vllm_config), torch.no_grad():
-        initialize_layerwise_reload(model)
+        start_reload(model)
         loaded = model.load_weights(pairs)
-        finalize_layerwise_reload(model, worker.model_config)
+        finish_reload(model, worker.model_config)
     return sorted(expected - set(loaded))
 
 

@@ -1,0 +1,85 @@
+"""A fleet server's states and transitions (no vLLM, no HTTP): requests go to serving servers only, a failure takes a
+server out until it answers and is re-synced, and a transition the table does not name is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from ggpo_lightning.rollouts.fleet.server_state import TRANSITIONS, FleetServer, ServerState
+
+S = ServerState
+
+
+def server(state: ServerState = S.UNSYNCED) -> FleetServer:
+    return FleetServer("http://127.0.0.1:1", state=state)
+
+
+def test_a_new_server_serves_after_its_first_push_and_not_during_it():
+    s = server()
+    assert (s.state, s.usable, s.answering, s.in_fleet) == (S.UNSYNCED, False, True, True)
+    s.begin_push()
+    assert (s.state, s.usable, s.in_fleet) == (S.PUSHING, False, True)
+    assert s.pushed() is False  # a first push is no re-sync
+    assert (s.state, s.usable) == (S.SERVING, True)
+    s.begin_push()  # the next push takes it off requests again
+    assert not s.usable and s.pushed() is False and s.usable
+
+
+def test_a_failed_server_is_out_until_it_answers_then_used_after_a_re_sync():
+    s = server(S.SERVING)
+    assert s.failed("ConnectionError: refused") is True  # news: named once in the log
+    assert (s.state, s.usable, s.answering, s.in_fleet, s.last_error) == (
+        S.OUT, False, False, False, "ConnectionError: refused")
+    assert s.failed("again") is False  # still out: not news
+    s.answers_again()
+    assert (s.state, s.usable, s.answering, s.in_fleet) == (S.BACK, False, True, False)
+    s.begin_push()
+    assert s.state is S.RESYNCING and not s.in_fleet
+    assert s.failed("its re-sync failed too") is False  # it had not come back into the fleet yet
+    s.answers_again()
+    s.begin_push()
+    assert s.pushed() is True  # counted as a re-sync
+    assert (s.state, s.usable, s.in_fleet, s.last_error) == (S.SERVING, True, True, None)
+
+
+def test_a_push_that_ends_after_a_request_took_its_server_out_leaves_it_out():
+    s = server(S.SERVING)
+    s.begin_push()
+    s.failed("a request in flight failed")
+    assert s.pushed() is False and s.state is S.OUT and s.last_error == "a request in flight failed"
+
+
+def test_a_changed_base_unsyncs_the_serving_servers_only():
+    states = [S.SERVING, S.UNSYNCED, S.OUT, S.BACK]
+    servers = [server(state) for state in states]
+    for s in servers:
+        s.weights_changed()
+    assert [s.state for s in servers] == [S.UNSYNCED, S.UNSYNCED, S.OUT, S.BACK]
+
+
+def test_another_rank_pushing_makes_every_answering_server_serve():
+    servers = [server(state) for state in (S.UNSYNCED, S.SERVING, S.BACK, S.OUT)]
+    for s in servers:
+        s.pushed_elsewhere()
+    assert [s.state for s in servers] == [S.SERVING, S.SERVING, S.SERVING, S.OUT]
+
+
+@pytest.mark.parametrize("state, transition", [(S.OUT, "begin_push"), (S.SERVING, "answers_again"),
+                                               (S.UNSYNCED, "pushed"), (S.PUSHING, "pushed_elsewhere")])
+def test_a_transition_the_table_does_not_name_is_a_bug(state, transition):
+    s = server(state)
+    with pytest.raises(RuntimeError, match=f"no transition {transition!r} from {state.value!r}"):
+        getattr(s, transition)()
+    assert s.state is state
+
+
+def test_every_state_is_reachable_and_every_transition_leads_to_a_state():
+    reached, frontier = {S.UNSYNCED}, [S.UNSYNCED]
+    while frontier:
+        state = frontier.pop()
+        for table in TRANSITIONS.values():
+            target = table.get(state)
+            if target is not None and target not in reached:
+                reached.add(target)
+                frontier.append(target)
+    assert reached == set(S)
