@@ -179,12 +179,8 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
     benchmark and their unweighted mean over the benchmarks (the average row's problems
     is the total).
     """
-    import torch
-
     from ggpo_lightning.evaluation import accuracy as evaluation
-    from ggpo_lightning.evaluation.benchmarks import load_named_benchmark
     from ggpo_lightning.records.prompts import validate_golds
-    from ggpo_lightning.rollouts.group import chat_template_errors
 
     settings = _run_settings(click.get_current_context(), model_source)
     if settings:
@@ -198,36 +194,12 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
         chat_template = _chat_settings(click.get_current_context(), chat_template, system_prompt, chat_template_kwargs)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if len(named) != len(named_paths):
-        raise click.UsageError(f"give one --path per --benchmark ({len(named)} --benchmark, {len(named_paths)} --path)")
-    if not benchmarks and not named:
-        raise click.UsageError("give benchmark files (BENCH...) or --benchmark NAME --path FILE")
-    explicit_template = click.get_current_context().get_parameter_source("template") is ParameterSource.COMMANDLINE
-    try:  # (name, path, rows, template) per benchmark
-        problems = [(path.stem, path, evaluation.load_benchmark(path, prompt_field, answer_field, limit, data_format),
-                     template) for path in benchmarks]
-        for name, path in zip(named, named_paths):
-            benchmark, rows = load_named_benchmark(name, path, limit)
-            problems.append((name, path, rows, template if explicit_template else benchmark.template))
-    except (ValueError, ImportError) as exc:
-        raise click.ClickException(str(exc)) from None
+    problems = _problems(benchmarks, named, named_paths, template, prompt_field, answer_field, limit, data_format)
     with build_verifier(verifier, timeout=settings.get("verifier_timeout", 5.0), workers=None) as checker:
         try:
             for _, _, rows, _ in problems:
                 validate_golds(rows, checker)
-            _verify_source(Path(model_source).expanduser())
-            model, tokenizer = evaluation.load_model(model_source, base_model)
-            problems_of_template = chat_template_errors(tokenizer, chat_template, model_source, "--chat-template",
-                                                        "--chat-template-kwargs")
-            if problems_of_template:
-                raise click.UsageError("; ".join(problems_of_template))
-            if engine_args is None:
-                sampler = model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            else:
-                from ggpo_lightning.rollouts.factory import eval_engine
-
-                sampler = eval_engine(model, tokenizer, engine_args)
-                del model  # the engine holds its own copy
+            sampler, tokenizer = _sampler(model_source, base_model, chat_template, engine_args, device)
         except (ValueError, OSError) as exc:  # OSError: FileNotFoundError, an uncached hub id offline
             raise click.ClickException(str(exc)) from None
         entries = []
@@ -256,3 +228,49 @@ def eval_command(model_source: str, benchmarks: tuple[Path, ...], named: tuple[s
 
         atomic_write_text(json_path, json.dumps(report, indent=2) + "\n")
         click.echo(f"results written to {json_path}")
+
+
+def _problems(benchmarks: tuple[Path, ...], named: tuple[str, ...], named_paths: tuple[Path, ...], template: str,
+              prompt_field: str | None, answer_field: str | None, limit: int | None,
+              data_format: str | None) -> list[tuple[str, Path, list, str]]:
+    """``(name, path, rows, template)`` of each benchmark: the files, then the named ones (with their own template
+    unless --template was given); ``click.UsageError`` or ``click.ClickException`` naming what is wrong."""
+    from ggpo_lightning.evaluation import accuracy as evaluation
+    from ggpo_lightning.evaluation.benchmarks import load_named_benchmark
+
+    if len(named) != len(named_paths):
+        raise click.UsageError(f"give one --path per --benchmark ({len(named)} --benchmark, {len(named_paths)} --path)")
+    if not benchmarks and not named:
+        raise click.UsageError("give benchmark files (BENCH...) or --benchmark NAME --path FILE")
+    explicit_template = click.get_current_context().get_parameter_source("template") is ParameterSource.COMMANDLINE
+    try:
+        problems = [(path.stem, path, evaluation.load_benchmark(path, prompt_field, answer_field, limit, data_format),
+                     template) for path in benchmarks]
+        for name, path in zip(named, named_paths):
+            benchmark, rows = load_named_benchmark(name, path, limit)
+            problems.append((name, path, rows, template if explicit_template else benchmark.template))
+    except (ValueError, ImportError) as exc:
+        raise click.ClickException(str(exc)) from None
+    return problems
+
+
+def _sampler(model_source: str, base_model: str | None, chat_template: Any, engine_args: dict | None,
+             device: str | None) -> tuple[Any, Any]:
+    """``(sampler, tokenizer)``: the model on ``device`` (the HF path), or a vLLM engine holding it (``engine_args``
+    given); ``click.UsageError`` when the chat template does not fit the tokenizer."""
+    import torch
+
+    from ggpo_lightning.evaluation import accuracy as evaluation
+    from ggpo_lightning.rollouts.group import chat_template_errors
+
+    _verify_source(Path(model_source).expanduser())
+    model, tokenizer = evaluation.load_model(model_source, base_model)
+    problems_of_template = chat_template_errors(tokenizer, chat_template, model_source, "--chat-template",
+                                                "--chat-template-kwargs")
+    if problems_of_template:
+        raise click.UsageError("; ".join(problems_of_template))
+    if engine_args is None:
+        return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")), tokenizer
+    from ggpo_lightning.rollouts.factory import eval_engine
+
+    return eval_engine(model, tokenizer, engine_args), tokenizer  # the engine holds its own copy of the weights

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ggpo_lightning.core.corrections import IS_MODES, corrected_surrogate, correction_errors
 from ggpo_lightning.records.errors import SettingsError
 
 __all__ = [
@@ -49,16 +50,11 @@ __all__ = [
     "ggpo_weights",
     "grpo_loss",
     "import_objective_modules",
-    "importance_weights",
     "maxrl_loss",
-    "off_policy_sequence_mask",
     "register_objective",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-"""GRPO's importance-sampling corrections (TRL's ``vllm_importance_sampling_mode`` values;
-docs/METHOD.md#corrections-for-stale-rollouts)."""
 SWITCHED_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
 """``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an
 error."""
@@ -344,49 +340,34 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, std_eps: float = 1e-4, scale_
     return torch.where(mask & (n >= 2).unsqueeze(-1), adv, torch.zeros_like(adv))
 
 
-def importance_weights(old_token_logp: Tensor, behavior_token_logp: Tensor, valid: Tensor, mode: str,
-                       clip_max: float, clip_min: float | None = None) -> Tensor:
-    """Importance weights ``w`` from the behavior ``mu`` to ``pi_old``, shape ``[G, K, T]``, without gradient.
-
-    With ``rho = pi_old / mu`` per token (``token_*``), or per response ``rho_i = prod_t pi_old(y_t) / mu(y_t)``
-    broadcast to its tokens (``sequence_*``), and bounds ``[clip_min, clip_max]`` (``clip_min`` None: no lower bound)::
-
-        *_truncate:  w = min(max(rho, clip_min), clip_max)        (TIS; without clip_min: min(rho, C))
-        *_mask:      w = rho if clip_min <= rho <= clip_max else 0  (masked IS; IcePop: token_mask, [0.5, 5])
-
-    Computed on log-ratios, so a sequence ratio beyond float range is truncated or masked, never inf or NaN.
-    ``valid`` (bool ``[G, K, T]``) marks the tokens that count; 0 elsewhere.
-    """
-    if mode not in IS_MODES:
-        raise ValueError(f"importance_sampling must be one of {IS_MODES}, got {mode!r}")
-    log_max, log_min = math.log(clip_max), math.log(clip_min) if clip_min else -math.inf  # None or 0: no bound
-    zero = torch.zeros((), dtype=old_token_logp.dtype, device=old_token_logp.device)
-    log_rho = torch.where(valid, old_token_logp.detach() - behavior_token_logp, zero)  # [G, K, T]
-    if mode.startswith("sequence"):
-        log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)  # [G, K, T]: the response's log-ratio
-    if mode.endswith("truncate"):
-        weights = log_rho.clamp(min=log_min, max=log_max).exp()  # [G, K, T]
-    else:
-        kept = (log_rho >= log_min) & (log_rho <= log_max)  # [G, K, T]
-        weights = torch.where(kept, log_rho.clamp(max=log_max).exp(), zero)  # [G, K, T]
-    return torch.where(valid, weights, zero).detach()
-
-
-def off_policy_sequence_mask(old_token_logp: Tensor, behavior_token_logp: Tensor, valid: Tensor, advantages: Tensor,
-                             threshold: float) -> Tensor:
-    """DeepSeek-V3.2's off-policy sequence mask, bool ``[G, K]``: False for the responses dropped.
-
-    A response is dropped when its advantage is negative and its mean per-token ``KL(mu || pi_old)``, estimated on
-    its own tokens as ``(1/|y_i|) * sum_t (log mu(y_t) - log pi_old(y_t))``, exceeds ``threshold`` (delta)::
-
-        keep_i = A_i >= 0  or  (1/|y_i|) * sum_t (log mu - log pi_old) <= delta
-
-    ``valid`` (bool ``[G, K, T]``) marks the tokens that count; ``advantages`` is ``[G, K]``.
-    """
-    zero = torch.zeros((), dtype=old_token_logp.dtype, device=old_token_logp.device)
-    diff = torch.where(valid, behavior_token_logp - old_token_logp.detach(), zero)  # [G, K, T]
-    kl = diff.sum(-1) / valid.sum(-1).clamp(min=1).to(diff.dtype)  # [G, K]
-    return (advantages >= 0) | (kl <= threshold)  # [G, K]
+def _checked_grpo_inputs(token_logp: Tensor, behavior_token_logp: Tensor | None, token_mask: Tensor, rewards: Tensor,
+                         group_mask: Tensor | None, clip_eps: float, kl_coef: float, ref_token_logp: Tensor | None,
+                         kl_estimator: str) -> Tensor:
+    """:func:`grpo_loss`'s inputs checked (a ``ValueError`` naming the first problem); the group mask (all True when
+    None)."""
+    if token_logp.dim() != 3:
+        raise ValueError(f"token_logp must have shape [G, K, T], got {tuple(token_logp.shape)}")
+    group_mask = check_groups(group_mask, rewards=rewards)
+    if token_logp.shape[:2] != rewards.shape:
+        raise ValueError(
+            f"token_logp has shape {tuple(token_logp.shape)} but rewards has {tuple(rewards.shape)}; "
+            "the first two dimensions must be [G, K]"
+        )
+    for name, t in (("behavior_token_logp", behavior_token_logp), ("token_mask", token_mask),
+                    ("ref_token_logp", ref_token_logp)):
+        if t is not None and t.shape != token_logp.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but token_logp has {tuple(token_logp.shape)}")
+    if token_mask.dtype != torch.bool:
+        raise ValueError(f"token_mask must be a bool tensor, got {token_mask.dtype}")
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if kl_coef > 0 and ref_token_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_token_logp (reference token log-probs)")
+    return group_mask
 
 
 def grpo_loss(
@@ -437,28 +418,8 @@ def grpo_loss(
     Shapes: ``token_logp``, ``behavior_token_logp``, ``ref_token_logp``: ``[G, K, T]``
     float; ``token_mask``: ``[G, K, T]`` bool; ``rewards``, ``group_mask``: ``[G, K]``.
     """
-    if token_logp.dim() != 3:
-        raise ValueError(f"token_logp must have shape [G, K, T], got {tuple(token_logp.shape)}")
-    group_mask = check_groups(group_mask, rewards=rewards)
-    if token_logp.shape[:2] != rewards.shape:
-        raise ValueError(
-            f"token_logp has shape {tuple(token_logp.shape)} but rewards has {tuple(rewards.shape)}; "
-            "the first two dimensions must be [G, K]"
-        )
-    for name, t in (("behavior_token_logp", behavior_token_logp), ("token_mask", token_mask),
-                    ("ref_token_logp", ref_token_logp)):
-        if t is not None and t.shape != token_logp.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but token_logp has {tuple(token_logp.shape)}")
-    if token_mask.dtype != torch.bool:
-        raise ValueError(f"token_mask must be a bool tensor, got {token_mask.dtype}")
-    if not 0 < clip_eps < 1:
-        raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
-    if kl_coef > 0 and ref_token_logp is None:
-        raise ValueError("kl_coef > 0 needs ref_token_logp (reference token log-probs)")
+    group_mask = _checked_grpo_inputs(token_logp, behavior_token_logp, token_mask, rewards, group_mask, clip_eps,
+                                      kl_coef, ref_token_logp, kl_estimator)
     problems = correction_errors(importance_sampling, importance_sampling_clip_max, importance_sampling_clip_min,
                                  off_policy_mask_threshold)
     if problems:
@@ -476,41 +437,15 @@ def grpo_loss(
     anchor = mu if importance_sampling is None else lp.detach()  # [G, K, T]: mu, or pi_old (decoupled)
     ratio = torch.exp(lp - anchor)  # [G, K, T]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)  # [G, K, T]
-    if importance_sampling is not None:
-        surrogate = surrogate * importance_weights(lp, mu, valid, importance_sampling, importance_sampling_clip_max,
-                                                   importance_sampling_clip_min)  # [G, K, T]
-    if off_policy_mask_threshold is not None:
-        keep = off_policy_sequence_mask(lp, mu, valid, adv.squeeze(-1), off_policy_mask_threshold)  # [G, K]
-        surrogate = torch.where(keep.unsqueeze(-1), surrogate, zero)  # [G, K, T]
+    surrogate = corrected_surrogate(surrogate, lp, mu, valid, adv.squeeze(-1), importance_sampling,
+                                    importance_sampling_clip_max, importance_sampling_clip_min,
+                                    off_policy_mask_threshold)  # [G, K, T]
     per_token = -surrogate
     if kl_coef > 0:
         ref = torch.where(valid, ref_token_logp.to(dtype), zero)
         per_token = per_token + kl_coef * _token_kl(lp, ref, kl_estimator)
     per_token = torch.where(valid, per_token, zero)
     return per_token.sum() / valid.sum().clamp(min=1).to(dtype)
-
-
-def correction_errors(importance_sampling: str | None, clip_max: float, clip_min: float | None,
-                      off_policy_mask_threshold: float | None, prefix: str = "") -> list[str]:
-    """Every invalid setting of GRPO's corrections, each naming its key (``prefix`` + the argument's name)."""
-    errors = []
-    if importance_sampling is not None and importance_sampling not in IS_MODES:
-        errors.append(f"{prefix}importance_sampling must be one of {', '.join(IS_MODES)} or null (off), "
-                      f"got {importance_sampling!r}")
-    if not (isinstance(clip_max, (int, float)) and math.isfinite(clip_max) and clip_max > 0):
-        errors.append(f"{prefix}importance_sampling_clip_max must be a finite number > 0, got {clip_max!r}")
-    elif clip_min is not None and not (isinstance(clip_min, (int, float)) and 0 <= clip_min < clip_max):
-        errors.append(f"{prefix}importance_sampling_clip_min must be >= 0 and below importance_sampling_clip_max "
-                      f"({clip_max}), or null, got {clip_min!r}")
-    if clip_min is not None and importance_sampling is None:
-        errors.append(f"{prefix}importance_sampling_clip_min is set but {prefix}importance_sampling is null: "
-                      "set a mode, or remove the bound")
-    if off_policy_mask_threshold is not None and not (isinstance(off_policy_mask_threshold, (int, float))
-                                                      and math.isfinite(off_policy_mask_threshold)
-                                                      and off_policy_mask_threshold >= 0):
-        errors.append(f"{prefix}off_policy_mask_threshold must be a finite number >= 0, or null (off), "
-                      f"got {off_policy_mask_threshold!r}")
-    return errors
 
 
 # ----------------------------------------------------------------------------- denominators

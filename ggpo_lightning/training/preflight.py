@@ -67,6 +67,7 @@ def check_run(config: dict[str, Any], ckpt_path: str | None) -> None:
     _check_packages(config)
     datamodule = PromptGroupDataModule(**config["data"])  # its constructor checks the settings; reads no file
     _warn_clipped_grpo_offline(config)
+    _warn_unused_server_keys(build_config(RolloutConfig, config["model"].get("rollout")))
     datamodule.load_rows()
     model = config["model"]
     name = str(model["model_name_or_path"])
@@ -108,6 +109,15 @@ def _warn_clipped_grpo_offline(config: dict[str, Any]) -> None:
                       "within 1-5 points of the starting model (3 seeds in docs/RESULTS.md, where GGPO gained 9-38); "
                       "train GGPO (recipes/offline.yaml) or add a correction (recipes/baselines/grpo-icepop.yaml)",
                       UserWarning, stacklevel=2)
+
+
+def _warn_unused_server_keys(rollout: RolloutConfig) -> None:
+    """The server engine's keys set while another engine runs (a server recipe with ``--model.rollout.engine hf``):
+    valid, and left unused, so a warning naming them."""
+    unused = rollout.unused_server_keys()
+    if unused:
+        warnings.warn(f"{', '.join(unused)} apply to model.rollout.engine: vllm_server only; with engine: "
+                      f"{rollout.engine} they are left unused", UserWarning, stacklevel=2)
 
 
 def _check_engine_installed(rollout: dict[str, Any]) -> None:

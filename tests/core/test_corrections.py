@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from ggpo_lightning.core.objectives import (ObjectiveConfig, ObjectiveInputs, get_objective, grpo_loss,
-                                            importance_weights, off_policy_sequence_mask)
+from ggpo_lightning.core.corrections import importance_weights, off_policy_sequence_mask
+from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, get_objective, grpo_loss
 
 f64 = torch.float64
 ALL = torch.ones(1, 2, 2, dtype=torch.bool)  # G=1 group, K=2 responses, T=2 tokens each, all valid

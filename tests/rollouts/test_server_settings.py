@@ -30,3 +30,21 @@ def test_server_logprobs_off_is_refused_for_an_objective_with_importance_ratios(
     check_model_settings({"objective": {"name": "ggpo"}, "rollout": rollout})  # GGPO needs none
     with pytest.raises(SettingsError, match="model.rollout.server_logprobs: false leaves grpo's importance ratios"):
         check_model_settings({"objective": {"name": "grpo"}, "rollout": rollout})
+
+
+def test_server_keys_set_with_another_engine_are_named_in_one_warning():
+    from ggpo_lightning.training.preflight import _warn_unused_server_keys
+
+    hf = RolloutConfig(servers="local:4", server_devices=[4, 5, 6, 7], request_timeout=30.0)
+    assert hf.unused_server_keys() == ["model.rollout.servers", "model.rollout.server_devices",
+                                       "model.rollout.request_timeout"]
+    assert RolloutConfig(engine="vllm", in_flight_updates="keep").unused_server_keys() == [
+        "model.rollout.in_flight_updates"]
+    assert RolloutConfig(in_flight_updates="keep").unused_server_keys() == []  # the HF engine emulates it
+    assert RolloutConfig(engine="vllm_server", servers="local", request_timeout=30.0).unused_server_keys() == []
+    with pytest.warns(UserWarning) as caught:
+        _warn_unused_server_keys(hf)
+    (warning,) = caught
+    assert str(warning.message) == ("model.rollout.servers, model.rollout.server_devices, model.rollout.request_timeout "
+                                    "apply to model.rollout.engine: vllm_server only; with engine: hf they are left "
+                                    "unused")

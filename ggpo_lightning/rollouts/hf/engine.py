@@ -326,18 +326,9 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     """
     groups, width = input_ids.shape
     batch = groups * n
-    keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [G, P] as generate numbers left-padded prompts
     if before_step is not None:
         before_step(0)
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                **keep_logits)
-    (name, prompts_cache), = _cache_of(out).items()
-    cache, grows = _decoding_cache(prompts_cache, model.config, n, width + max_new_tokens - 1)
-    mask = attention.new_zeros((batch, width + max_new_tokens - 1))  # [B, P + T - 1]
-    mask[:, :width] = attention.repeat_interleave(n, 0)  # [B, P]
-    position = positions[:, -1].repeat_interleave(n, 0)  # [b] of the last token fed
-    logits = out.logits[:, -1, :].float().repeat_interleave(n, 0)  # [b, V]
+    name, cache, grows, mask, position, logits = _prefill(model, input_ids, attention, n, width + max_new_tokens - 1)
     tokens = input_ids.new_full((batch, max_new_tokens), pad)  # [B, T]
     logprobs = logits.new_zeros((batch, max_new_tokens)) if record_logprobs else None  # [B, T]
     rows = torch.arange(batch, device=input_ids.device)  # [b] each batch row's response
@@ -384,6 +375,25 @@ def _decode(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, max_
     if stream is not None:
         stream.rewind(steps)
     return tokens.tolist(), None if logprobs is None else logprobs.tolist()
+
+
+def _prefill(model: nn.Module, input_ids: Tensor, attention: Tensor, n: int, length: int,
+             ) -> tuple[str, Cache, bool, Tensor, Tensor, Tensor]:
+    """The prompts ``[G, P]`` run once each, and the decoding state of their ``B = G * n`` rows: the name of the
+    model's cache argument, the cache holding each prompt ``n`` times over ``length`` positions and whether it grows
+    (:func:`_decoding_cache`), the attention mask ``[B, length]`` with the prompts' part filled, each row's position
+    of the last token fed ``[B]``, and the logits of the first decoding step ``[B, V]``."""
+    keep_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [G, P] as generate numbers left-padded prompts
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                **keep_logits)
+    (name, prompts_cache), = _cache_of(out).items()
+    cache, grows = _decoding_cache(prompts_cache, model.config, n, length)
+    mask = attention.new_zeros((len(input_ids) * n, length))  # [B, P + T - 1]
+    mask[:, :input_ids.shape[1]] = attention.repeat_interleave(n, 0)  # [B, P]
+    position = positions[:, -1].repeat_interleave(n, 0)  # [B] of the last token fed
+    logits = out.logits[:, -1, :].float().repeat_interleave(n, 0)  # [B, V]
+    return name, cache, grows, mask, position, logits
 
 
 def _decoding_cache(prompts_cache: Cache, config: Any, n: int, length: int) -> tuple[Cache, bool]:
