@@ -91,6 +91,23 @@ def test_only_the_factory_opens_the_rollout_rooms():
     assert not opened, "\n".join(opened)
 
 
+def one_letter_apart(a: str, b: str) -> bool:
+    """``a`` and ``b`` differ by one letter added, dropped or changed (``engine`` / ``engines``)."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    short, long = sorted((a, b), key=len)
+    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i + (len(short) == len(long)):] == long[i + 1:]
+
+
+def test_no_two_modules_of_the_package_are_one_letter_apart():
+    names = sorted({p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*") if p.is_dir()})
+    close = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if one_letter_apart(a, b)]
+    assert not close, close
+    assert one_letter_apart("engine", "engines") and one_letter_apart("vllm_server", "vllm_servers")
+    assert one_letter_apart("batch", "match") and not one_letter_apart("engine", "engine")
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[str]:
     """Each import cycle of ``graph`` met in a depth-first walk, as ``a -> b -> a``."""
     cycles, state = [], {}

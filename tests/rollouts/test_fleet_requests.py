@@ -13,7 +13,7 @@ import pytest
 
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.rollouts.fleet.engine import GENERATE_ROUTE, VLLMServerEngine
-from ggpo_lightning.rollouts.vllm.sampler import sampling_params
+from ggpo_lightning.rollouts.vllm.sampling import sampling_params
 
 EOS = 2
 REPLY_SECONDS = 0.3

@@ -7,7 +7,9 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   --enable-scale-out``): token ids in and out (no re-tokenization), ``n = K``, a seed per request drawn from torch's
   global RNG (seeded per run and rank), the sampled tokens' raw log-probs (``--logprobs-mode raw_logprobs``: the
   log-softmax at temperature 1 before top-p, the quantity the other engines record) unless
-  ``model.rollout.server_logprobs: false``. Each request goes to the live, synced server with the least work
+  ``model.rollout.server_logprobs: false``; the fields are the in-process engine's
+  (:mod:`~ggpo_lightning.rollouts.vllm.sampling`). Up to :data:`REQUEST_THREADS` requests are in flight at once,
+  ``greedy``'s (temperature 0) as ``generate``'s. Each request goes to the serving server with the least work
   outstanding (requests in flight). A request a server refuses as malformed (HTTP 400/422) is the run's error
   (:class:`RequestRejected`), raised at once.
 - **Versions.** The server labels every response's tokens with the weight versions that sampled them (vLLM's
@@ -22,7 +24,8 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
 - **Faults.** A request that fails (refused, ``request_timeout``, an HTTP error) takes its server out (named once in
   the log) and is retried on the others with backoff. A server out is probed at every push and at every retry; once
   it answers it is put back, and it is used again only after it received the weights of a push (its version
-  restarted with it). A push that fails takes the server out the same way. With no server usable for
+  restarted with it). A push that fails takes the server out the same way. Each server's state and its transitions:
+  :mod:`~ggpo_lightning.rollouts.fleet.server_state`. With no server usable for
   ``server_timeout`` seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
   ``aborted.ckpt``, and resumes from it once servers are back).
 - **Resume.** The servers' weights are never saved; a resume pushes the learner's (exact when the checkpoint was
@@ -54,7 +57,7 @@ from ggpo_lightning.records.errors import RunAborted
 from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
 from ggpo_lightning.rollouts.fleet.server_state import FleetServer
 from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
-from ggpo_lightning.rollouts.vllm.sampler import VLLMSampler
+from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
 __all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "server_engine",
            "short_error"]

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from ggpo_lightning.rollouts.config import VLLM_GPU_MEMORY_SHARE, VLLM_INSTALL_HINT, vllm_available
 from ggpo_lightning.rollouts.protocol import Generation, Weights, weight_pairs
 from ggpo_lightning.rollouts.vllm.reload import finish_reload, start_reload
-from ggpo_lightning.rollouts.vllm.sampler import VLLMSampler
+from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
 __all__ = ["VLLMEngine"]
 
