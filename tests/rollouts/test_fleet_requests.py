@@ -85,16 +85,13 @@ def pushed_engine(url: str) -> VLLMServerEngine:
 def test_greedy_sends_its_prompts_at_once_and_keeps_their_order(stand_in):
     engine = pushed_engine(f"http://127.0.0.1:{stand_in.server_address[1]}")
     prompts = [[10 + i] for i in range(8)]
-    start = time.monotonic()
     try:
         generations = engine.greedy(prompts, 4)
     finally:
         engine.close()
-    seconds = time.monotonic() - start
     assert [g.response_ids for g in generations] == [[[p[0], EOS]] for p in prompts]
     assert [g.versions for g in generations] == [[[3, 3]]] * 8
-    assert stand_in.state["most"] > 1, "greedy sent one request at a time"
-    assert seconds < len(prompts) * REPLY_SECONDS  # one at a time would take 8 replies' time
+    assert stand_in.state["most"] > 1, "greedy sent one request at a time"  # each is held REPLY_SECONDS
     assert all(p["temperature"] == 0.0 and p["n"] == 1 and p["max_tokens"] == 4 for p in stand_in.state["params"])
 
 
