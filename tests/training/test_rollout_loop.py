@@ -191,11 +191,14 @@ class _Pushes:
         engine.load_weights = recording
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU case: benchmarks/gpu_smoke.sh runs it on a GPU machine"))])
 def test_the_first_push_comes_after_the_strategy_placed_the_learner_and_a_resume_pushes_once(tiny_model_dir, data_dir,
-                                                                                              tmp_path):
+                                                                                              tmp_path, accelerator):
     """Lightning calls ``setup`` before the strategy moves the learner to its device (vLLM's NCCL engine then got CPU
     tensors and asserted): the first push is at train start, after the strategy; a resume pushes once, tagged with
-    the checkpoint's step (it pushed at setup, tagged 0, then again at train start)."""
+    the checkpoint's step (it pushed at setup, tagged 0, then again at train start). On CPU the strategy's mark is the
+    optimizers it makes; on a GPU the pushed tensors' device is the learner's too."""
     def module():
         torch.manual_seed(0)
         return make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
@@ -203,10 +206,12 @@ def test_the_first_push_comes_after_the_strategy_placed_the_learner_and_a_resume
 
     first = module()
     pushes = _Pushes(first)
-    fit_resumable(first, data_dir, tmp_path, 3, save_at=3)
+    fit_resumable(first, data_dir, tmp_path, 3, save_at=3, accelerator=accelerator)
+    assert first.device.type == ("cuda" if accelerator == "gpu" else "cpu")
     assert pushes.calls[0] == (0, first.device, True)
     assert [version for version, *_ in pushes.calls] == [0, 2]  # at the start, then every sync_every = 2 updates
     resumed = module()
     pushes = _Pushes(resumed)
-    fit_resumable(resumed, data_dir, tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"))
+    fit_resumable(resumed, data_dir, tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"),
+                  accelerator=accelerator)
     assert pushes.calls == [(3, resumed.device, True), (4, resumed.device, True)]  # once at the start, then step 4
