@@ -195,7 +195,7 @@ def _oapl(x: ObjectiveInputs, c: ObjectiveConfig) -> Tensor:
     return oapl_loss(x.logp, x.behavior_logp, x.rewards, c.beta, value_beta, x.mask)
 
 
-PRIME_RL = Objective("prime-rl", _prime_rl, "token", uses_behavior_logp=True, denominator=contrasted_tokens)
+PRIME_RL = Objective("prime_rl", _prime_rl, "token", uses_behavior_logp=True, denominator=contrasted_tokens)
 """prime-rl's default loss (``clip_eps``: its DPPO mask threshold, ``beta``: its ``kl_tau``)."""
 M2PO = Objective("m2po", _m2po, "token", uses_behavior_logp=True, options=("m2_threshold",))
 """M2PO; its mask is a statistic of the step's tokens, so no denominator is declared (micro-batches: two passes)."""

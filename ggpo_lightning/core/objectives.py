@@ -538,7 +538,7 @@ class ObjectiveConfig:
     """The objective and its settings: the recipe group ``model.objective``."""
 
     name: str = "ggpo"
-    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl``, ``prime-rl``, ``m2po``, ``oapl`` or a plugin's
+    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl``, ``prime_rl``, ``m2po``, ``oapl`` or a plugin's
     (see ``available_objectives``)."""
     beta: float = 0.04
     """KL strength (> 0): GGPO's and AGRO's temperature, GRPO's KL-penalty coefficient, prime-rl's ``kl_tau`` and

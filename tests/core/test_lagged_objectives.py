@@ -149,11 +149,11 @@ def inputs() -> ObjectiveInputs:
 
 
 def test_the_registry_passes_the_recipe_keys_through():
-    assert {"prime-rl", "m2po", "oapl"} <= set(available_objectives())
+    assert {"prime_rl", "m2po", "oapl"} <= set(available_objectives())
     x = inputs()
-    config = ObjectiveConfig("prime-rl", beta=0.1, clip_eps=0.2)
+    config = ObjectiveConfig("prime_rl", beta=0.1, clip_eps=0.2)
     assert config.errors() == []
-    assert get_objective("prime-rl").loss(x, config).item() == pytest.approx(
+    assert get_objective("prime_rl").loss(x, config).item() == pytest.approx(
         prime_rl_loss(x.token_logp, x.behavior_token_logp, ALL, REWARDS, mask_threshold=0.2, kl_coef=0.1).item())
     config = ObjectiveConfig("m2po", m2_threshold=1.0)
     assert config.errors() == []
@@ -165,7 +165,7 @@ def test_the_registry_passes_the_recipe_keys_through():
     assert config.errors() == []
     assert get_objective("oapl").loss(x, config).item() == pytest.approx(
         oapl_loss(x.logp, x.behavior_logp, REWARDS, 0.01, 2.0).item())
-    assert all(get_objective(n).uses_behavior_logp for n in ("prime-rl", "m2po", "oapl"))
+    assert all(get_objective(n).uses_behavior_logp for n in ("prime_rl", "m2po", "oapl"))
 
 
 @pytest.mark.parametrize("name, key, value", [("m2po", "m2_threshold", 0.0), ("m2po", "m2_threshold", math.inf),
@@ -176,7 +176,7 @@ def test_an_invalid_setting_gives_one_line_naming_the_recipe_key(name, key, valu
 
 
 @pytest.mark.parametrize("name, key", [("ggpo", "m2_threshold"), ("grpo", "m2_threshold"), ("m2po", "oapl_value_beta"),
-                                       ("oapl", "m2_threshold"), ("prime-rl", "importance_sampling")])
+                                       ("oapl", "m2_threshold"), ("prime_rl", "importance_sampling")])
 def test_an_option_on_an_objective_that_does_not_take_it_is_an_error(name, key):
     value = "token_truncate" if key == "importance_sampling" else 0.5
     errors = ObjectiveConfig(name, **{key: value}).errors()
