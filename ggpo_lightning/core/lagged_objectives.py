@@ -1,4 +1,4 @@
-"""Objectives that learn from lagged rollouts: prime-rl's default loss, M2PO and OAPL (pure tensor functions).
+"""Objectives that learn from lagged rollouts: prime-rl's default loss, M2PO, OAPL and VESPO (tensor functions).
 
 GGPO's rivals from its own family (``docs/METHOD.md#objectives-that-embrace-lagged-data``): each trains on the
 samples of a behavior ``mu`` that lags the learner ``pi``, and each reads the behavior's recorded log-probs, where
@@ -31,11 +31,14 @@ from ggpo_lightning.core.objectives import (
     grpo_advantages,
 )
 
-__all__ = ["M2PO", "M2PO_THRESHOLD", "OAPL", "OAPL_VALUE_BETA", "PRIME_RL", "m2po_loss", "m2po_mask", "oapl_loss",
-           "prime_rl_loss"]
+__all__ = ["M2PO", "M2PO_THRESHOLD", "OAPL", "OAPL_VALUE_BETA", "PRIME_RL", "VESPO", "VESPO_SHAPES", "m2po_loss",
+           "m2po_mask", "oapl_loss", "prime_rl_loss", "vespo_loss", "vespo_weights"]
 
 M2PO_THRESHOLD = 0.04
 """M2PO's ``tau_M2`` when ``model.objective.m2_threshold`` is null: AReaL's M2PO example (``actor.m2_threshold``)."""
+VESPO_SHAPES = ((2.0, 3.0), (3.0, 2.0))
+"""VESPO's ``(k, lambda)`` for advantages ``>= 0`` and ``< 0``: TRL's ``vespo_k_pos``, ``vespo_lambda_pos``,
+``vespo_k_neg``, ``vespo_lambda_neg`` (the paper's ``c1``, ``c2``)."""
 OAPL_VALUE_BETA = 1.0
 """OAPL's ``beta_1`` (the optimal value's temperature) when ``model.objective.oapl_value_beta`` is null: the
 authors' released training script (``critic.beta1``)."""
@@ -177,12 +180,56 @@ def oapl_loss(logp: Tensor, behavior_logp: Tensor, rewards: Tensor, beta: float,
     return _mean_over_groups(per_group, count)
 
 
+# ----------------------------------------------------------------------------- VESPO
+
+
+@torch.no_grad()
+def vespo_weights(token_logp: Tensor, behavior_token_logp: Tensor, valid: Tensor, advantages: Tensor,
+                  shapes: tuple[tuple[float, float], tuple[float, float]] = VESPO_SHAPES) -> Tensor:
+    """VESPO's gamma weights ``phi(W_i)``, ``[G, K]``, without gradient: with the response's ratio
+    ``W_i = prod_t pi(y_t) / mu(y_t)`` and ``(k, lambda)`` from ``shapes`` by the sign of ``A_i``::
+
+        phi(W) = W^k * exp(lambda * (1 - W))        (phi(1) = 1, largest at W = k / lambda)
+
+    computed on ``log W`` clamped to ``[log 1e-8, 20]`` as TRL does. ``valid`` is ``[G, K, T]``, ``advantages``
+    ``[G, K]``."""
+    (k_pos, lambda_pos), (k_neg, lambda_neg) = shapes
+    zero = torch.zeros((), dtype=token_logp.dtype, device=token_logp.device)
+    log_w = torch.where(valid, token_logp - behavior_token_logp, zero).sum(-1)  # [G, K]
+    log_w = log_w.clamp(math.log(1e-8), 20.0)  # [G, K]
+    k = torch.where(advantages >= 0, k_pos, k_neg)  # [G, K]
+    lam = torch.where(advantages >= 0, lambda_pos, lambda_neg)  # [G, K]
+    return (lam + k * log_w - lam * log_w.exp()).exp()  # [G, K]
+
+
+def vespo_loss(token_logp: Tensor, behavior_token_logp: Tensor, token_mask: Tensor, rewards: Tensor,
+               group_mask: Tensor | None = None,
+               shapes: tuple[tuple[float, float], tuple[float, float]] = VESPO_SHAPES) -> Tensor:
+    """VESPO: GRPO's advantage times a smooth, detached weight of the response's whole ratio ``pi / mu``.
+
+    With GRPO's ``A_i`` and :func:`vespo_weights` ``phi(W_i)``::
+
+        loss_t = -phi(W_i) * A_i * log pi(y_t),        dL / d log pi(y_t) = -phi(W_i) * A_i / N
+
+    averaged over the ``N`` valid tokens of groups with at least two responses; no clip, no KL term. ``phi`` takes
+    both tails of ``W`` to 0: as ``W^k`` towards 0, exponentially above 1.
+    """
+    lp, mu, valid, mask = _token_inputs(token_logp, behavior_token_logp, token_mask, rewards, group_mask)
+    adv = grpo_advantages(rewards.to(lp.dtype), mask)  # [G, K]
+    phi = vespo_weights(lp.detach(), mu, valid, adv, shapes)  # [G, K]
+    return _token_mean(-(phi * adv).unsqueeze(-1) * lp, valid)
+
+
 # ----------------------------------------------------------------------------- registry entries
 
 
 def _prime_rl(x: ObjectiveInputs, c: ObjectiveConfig) -> Tensor:
     return prime_rl_loss(x.token_logp, x.behavior_token_logp, x.token_mask, x.rewards, x.mask,
                          mask_threshold=c.clip_eps, kl_coef=c.beta)
+
+
+def _vespo(x: ObjectiveInputs, c: ObjectiveConfig) -> Tensor:
+    return vespo_loss(x.token_logp, x.behavior_token_logp, x.token_mask, x.rewards, x.mask)
 
 
 def _m2po(x: ObjectiveInputs, c: ObjectiveConfig) -> Tensor:
@@ -202,3 +249,5 @@ M2PO = Objective("m2po", _m2po, "token", uses_behavior_logp=True, options=("m2_t
 OAPL = Objective("oapl", _oapl, "token", uses_behavior_logp=True, options=("oapl_value_beta",),
                  denominator=contrasted_groups)
 """OAPL (``beta``: its ``beta_2``); reads the behavior's sequence log-probs, hence ``level="token"``."""
+VESPO = Objective("vespo", _vespo, "token", uses_behavior_logp=True, denominator=contrasted_tokens)
+"""VESPO at TRL's defaults (:data:`VESPO_SHAPES`; no setting of its own)."""

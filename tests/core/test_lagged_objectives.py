@@ -1,4 +1,4 @@
-"""prime-rl's default loss, M2PO and OAPL (docs/METHOD.md#objectives-that-embrace-lagged-data) against values and
+"""prime-rl's default loss, M2PO, OAPL and VESPO (docs/METHOD.md#objectives-that-embrace-lagged-data) against values and
 gradients worked out by hand in plain Python floats, and their recipe keys."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from ggpo_lightning.core.lagged_objectives import m2po_loss, m2po_mask, oapl_loss, prime_rl_loss
-from ggpo_lightning.core.objectives import ObjectiveConfig, ObjectiveInputs, available_objectives, get_objective
+from ggpo_lightning.core.lagged_objectives import m2po_loss, m2po_mask, oapl_loss, prime_rl_loss, vespo_loss
+from ggpo_lightning.core.objectives import (ObjectiveConfig, ObjectiveInputs, available_objectives, get_objective,
+                                            grpo_loss)
 
 f64 = torch.float64
 ALL = torch.ones(1, 2, 2, dtype=torch.bool)  # G=1 group, K=2 responses, T=2 tokens each, all valid
@@ -137,6 +138,32 @@ def test_oapl_gradient_against_autograd_gradcheck():
     assert torch.autograd.gradcheck(lambda x: oapl_loss(x, behavior, rewards, 0.1, 0.7), (logp,))
 
 
+# ----------------------------------------------------------------------------- VESPO
+
+
+def test_vespo_loss_and_gradient_by_hand():
+    # W = prod_t pi/mu: response 0: 2 * 0.4 = 0.8 (A > 0: k, lambda = 2, 3), response 1: 6 * 0.04/0.3 = 0.8
+    # (A < 0: k, lambda = 3, 2); phi(W) = W^k * exp(lambda * (1 - W)); loss = -(1/4) sum_t phi_i * A_i * log pi(y_t)
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    phi = [0.8 ** 2 * math.exp(3 * 0.2), 0.8 ** 3 * math.exp(2 * 0.2)]
+    advantage = [a, -a]
+    loss = -sum(phi[i] * advantage[i] * math.log(p) for i in range(2) for p in LEARNER[i]) / 4
+    got_loss, got_grad = loss_and_grad(vespo_loss)
+    assert got_loss == pytest.approx(loss, abs=1e-12)
+    expected = [[-phi[i] * advantage[i] / 4] * 2 for i in range(2)]
+    torch.testing.assert_close(got_grad, torch.tensor([expected], dtype=f64), rtol=0, atol=1e-12)
+
+
+def test_vespo_on_policy_is_grpo_on_policy():
+    # W = 1 gives phi = 1 at any (k, lambda): the gradient is GRPO's without a behavior (ratio 1, clip inactive)
+    grads = []
+    for loss_fn, behavior in ((vespo_loss, logs(LEARNER)), (grpo_loss, None)):
+        lp = logs(LEARNER).requires_grad_(True)
+        loss_fn(lp, behavior, ALL, REWARDS).backward()
+        grads.append(lp.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- registry and recipe keys
 
 
@@ -149,7 +176,7 @@ def inputs() -> ObjectiveInputs:
 
 
 def test_the_registry_passes_the_recipe_keys_through():
-    assert {"prime_rl", "m2po", "oapl"} <= set(available_objectives())
+    assert {"prime_rl", "m2po", "oapl", "vespo"} <= set(available_objectives())
     x = inputs()
     config = ObjectiveConfig("prime_rl", beta=0.1, clip_eps=0.2)
     assert config.errors() == []
@@ -165,7 +192,9 @@ def test_the_registry_passes_the_recipe_keys_through():
     assert config.errors() == []
     assert get_objective("oapl").loss(x, config).item() == pytest.approx(
         oapl_loss(x.logp, x.behavior_logp, REWARDS, 0.01, 2.0).item())
-    assert all(get_objective(n).uses_behavior_logp for n in ("prime_rl", "m2po", "oapl"))
+    assert get_objective("vespo").loss(x, ObjectiveConfig("vespo")).item() == pytest.approx(
+        vespo_loss(x.token_logp, x.behavior_token_logp, ALL, REWARDS).item())
+    assert all(get_objective(n).uses_behavior_logp for n in ("prime_rl", "m2po", "oapl", "vespo"))
 
 
 @pytest.mark.parametrize("name, key, value", [("m2po", "m2_threshold", 0.0), ("m2po", "m2_threshold", math.inf),

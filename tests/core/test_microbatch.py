@@ -208,7 +208,7 @@ def test_a_selected_part_holds_its_groups_whole(tiny_model_dir, tiny_lm):
 
 
 # GGPO, AGRO, MaxRL and GRPO; GRPO with each importance-sampling correction and with the off-policy mask
-DECLARED = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo", "prime_rl", "oapl")]
+DECLARED = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo", "prime_rl", "oapl", "vespo")]
             + [{"name": "grpo", "importance_sampling": mode} for mode in IS_MODES]
             + [{"name": "grpo", "off_policy_mask_threshold": 0.5},
                {"name": "grpo", "importance_sampling": "token_mask", "importance_sampling_clip_min": 0.5,

@@ -43,7 +43,7 @@ class Probe(L.Callback):
         self.rows[-1]["versions"] = [g.behavior_version for g in batch.groups]
 
 
-@pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl", "prime_rl", "m2po", "oapl"])
+@pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl", "prime_rl", "m2po", "oapl", "vespo"])
 def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_model_dir, data_dir, objective):
     torch.manual_seed(0)
     module = make_module(tiny_model_dir, objective=ObjectiveConfig(objective, beta=0.1))
