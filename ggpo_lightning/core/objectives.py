@@ -538,8 +538,8 @@ class ObjectiveConfig:
     """The objective and its settings: the recipe group ``model.objective``."""
 
     name: str = "ggpo"
-    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl``, ``prime_rl``, ``m2po``, ``oapl`` or a plugin's
-    (see ``available_objectives``)."""
+    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl``, ``prime_rl``, ``m2po``, ``oapl``, ``vespo`` or
+    a plugin's (see ``available_objectives``)."""
     beta: float = 0.04
     """KL strength (> 0): GGPO's and AGRO's temperature, GRPO's KL-penalty coefficient, prime-rl's ``kl_tau`` and
     OAPL's ``beta_2`` (both towards the behavior; ``docs/METHOD.md#objectives-that-embrace-lagged-data``)."""
@@ -600,11 +600,11 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             errors.append(f"model.objective.kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, "
                           f"got {self.kl_estimator!r}")
-        errors += [f"model.objective.{key} must be a finite number > 0, or null (the objective's default), got "
-                   f"{getattr(self, key)!r}" for key in ("m2_threshold", "oapl_value_beta")
-                   if getattr(self, key) is not None and not (isinstance(getattr(self, key), (int, float))
-                                                              and math.isfinite(getattr(self, key))
-                                                              and getattr(self, key) > 0)]
+        for key in ("m2_threshold", "oapl_value_beta"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                errors.append(f"model.objective.{key} must be a finite number > 0, or null (the objective's "
+                              f"default), got {value!r}")
         errors += correction_errors(self.importance_sampling, self.importance_sampling_clip_max,
                                     self.importance_sampling_clip_min, self.off_policy_mask_threshold,
                                     prefix="model.objective.")

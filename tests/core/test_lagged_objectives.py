@@ -210,3 +210,24 @@ def test_an_option_on_an_objective_that_does_not_take_it_is_an_error(name, key):
     value = "token_truncate" if key == "importance_sampling" else 0.5
     errors = ObjectiveConfig(name, **{key: value}).errors()
     assert len(errors) == 1 and errors[0].startswith(f"model.objective.{key} is set but objective {name!r}")
+
+
+@pytest.mark.parametrize("loss_fn", [prime_rl_loss, m2po_loss, vespo_loss])
+def test_garbage_off_the_mask_changes_nothing(loss_fn):
+    # a padded third token holding NaN and inf, masked out, and a second group of one response: same loss, same
+    # gradient on the valid tokens, 0 elsewhere
+    want_loss, want_grad = loss_and_grad(loss_fn)
+    lp = torch.full((2, 2, 3), math.nan, dtype=f64)
+    lp[0, :, :2] = logs(LEARNER)[0]
+    lp.requires_grad_(True)
+    behavior = torch.full((2, 2, 3), math.inf, dtype=f64)
+    behavior[0, :, :2] = logs(BEHAVIOR)[0]
+    token_mask = torch.zeros(2, 2, 3, dtype=torch.bool)
+    token_mask[:, :, :2] = True
+    rewards = torch.tensor([[1.0, 0.0], [1.0, math.nan]], dtype=f64)
+    group_mask = torch.tensor([[True, True], [True, False]])
+    loss = loss_fn(lp, behavior, token_mask, rewards, group_mask)
+    loss.backward()
+    assert loss.item() == pytest.approx(want_loss, abs=1e-12)
+    torch.testing.assert_close(lp.grad[0, :, :2], want_grad[0], rtol=0, atol=1e-12)
+    assert lp.grad[1].abs().sum() == 0 and lp.grad[0, :, 2].abs().sum() == 0
