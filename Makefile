@@ -35,7 +35,7 @@ quickstart: setup-run
 DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true HF_HUB_OFFLINE=1
 
 docs: setup
-	$(DOCS_ENV) $(VENV)/bin/mkdocs serve
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve --strict
 
 docs-build: setup
 	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict

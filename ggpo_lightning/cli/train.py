@@ -51,7 +51,8 @@ summary.json out. A recipe is a YAML file; every key below can be set in it or a
   ggpo-train --config RECIPE.yaml --print_config         the recipe with every key resolved
   ggpo-train --config RECIPE.yaml --ckpt_path CKPT       resume a run
 
-README.md and recipes/README.md explain the keys; Lightning's own (trainer.*) follow its Trainer."""
+The documentation site (docs/; make docs) lists every key in its configuration reference; docs/recipes.md and
+recipes/README.md explain the recipes; Lightning's own keys (trainer.*) follow its Trainer."""
 """What ``ggpo-train --help`` says before the keys."""
 
 
