@@ -188,6 +188,8 @@ def _default_text(value: Any) -> str:
         return "`null`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, dict) and "class_path" in value:
+        return f"`{value['class_path']}`"
     if isinstance(value, (dict, list)) and len(str(value)) > 40:
         return "(the fields below)" if isinstance(value, dict) else "(a list)"
     if value == "==SUPPRESS==" or value is inspect.Parameter.empty:
@@ -218,7 +220,7 @@ def reference_markdown() -> str:
         if not members:
             continue
         head, _, rest = title.partition(": ")
-        lines += [f"## {head}" if group else f"## {title}", "", rest[:1].upper() + rest[1:] + "." if rest else "", ""]
+        lines += [f"## {head}", ""] + ([rest[:1].upper() + rest[1:] + ".", ""] if rest else [])
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for k in members:
             kind = f"`{_cell(k.type)}`" + (" (*class*)" if k.takes_class else "")
