@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup setup-run setup-vllm test test-slow test-vllm quickstart
+.PHONY: setup setup-run setup-vllm test test-slow test-vllm quickstart docs docs-build
 
 # the package with its dev extra: what the tests need (pytest, the optional extras, TRL for the benchmarks' tests)
 setup:
@@ -29,3 +29,13 @@ test-vllm: setup-vllm
 
 quickstart: setup-run
 	HF_HUB_OFFLINE=1 $(VENV)/bin/ggpo-train --config recipes/quickstart.yaml
+
+# the documentation site (mkdocs.yml, docs/): served at http://127.0.0.1:8000 with live reload; `make docs-build`
+# builds it into site/ with warnings as errors (tests/docs/ runs the same build in `make test`)
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true HF_HUB_OFFLINE=1
+
+docs: setup
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve --strict
+
+docs-build: setup
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict

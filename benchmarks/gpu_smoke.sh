@@ -40,7 +40,11 @@
 # a trace of a thousand grows to gigabytes; on GPU 0 in fp32, the engine's default) after the run, capped at
 # PROFILE_TIMEOUT seconds (default 300), skipped with SKIP_PROFILE=1: $WORK/decode_profile/trace.json (chrome
 # trace) and key_averages.txt, and the seconds per decoding step in $WORK/decode_profile.json.
-# Exit status is ggpo-train's; 3 when it succeeded but a servers check failed, 4 when the profile failed.
+# The first weight push's order (tests/training/test_rollout_loop.py, its GPU case: pushed tensors on the learner's GPU,
+# after the strategy's setup, once on resume), capped at PUSH_ORDER_TIMEOUT seconds (default 180), skipped with
+# SKIP_PUSH_ORDER=1.
+# Exit status is ggpo-train's; 3 when it succeeded but a servers check failed, 4 when the profile failed, 5 when the
+# push order failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -78,6 +82,8 @@ SERVERS_RUN_TIMEOUT=${SERVERS_RUN_TIMEOUT:-420}
 SERVER_STEPS=${SERVER_STEPS:-3}
 SKIP_PROFILE=${SKIP_PROFILE:-0}
 PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-300}
+SKIP_PUSH_ORDER=${SKIP_PUSH_ORDER:-0}
+PUSH_ORDER_TIMEOUT=${PUSH_ORDER_TIMEOUT:-180}
 PROFILE_ROWS=${PROFILE_ROWS:-256}
 PROFILE_TOKENS=${PROFILE_TOKENS:-64}
 MODE=${MODE:-sync}
@@ -242,6 +248,22 @@ PYEOF
     kill -INT "$serve_pid" 2>/dev/null || true
     wait "$serve_pid" 2>/dev/null || true
 fi
+# the first weight push's order (issue 54): once the strategy placed the learner on its GPU, and once on resume; the
+# test's GPU case must pass, not skip
+push_order_failed=0
+if [ "$SKIP_PUSH_ORDER" != 1 ]; then
+    set +e
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} HF_HUB_OFFLINE=1 timeout "$PUSH_ORDER_TIMEOUT" "$PY" -m pytest -q \
+        -p no:cacheprovider tests/training/test_rollout_loop.py -k "first_push and $ACCELERATOR" > "$WORK/push_order.log" 2>&1
+    code=$?
+    set -e
+    if [ "$code" -eq 0 ] && grep -q "^1 passed" "$WORK/push_order.log"; then
+        echo "gpu_smoke: first push after the strategy placed the learner on $ACCELERATOR, once on resume: passed"
+    else
+        echo "gpu_smoke: first push order FAILED (exit $code): $(tail -n 3 "$WORK/push_order.log")" >&2
+        push_order_failed=1
+    fi
+fi
 # one rollout of the HF engine's decoding loop under torch.profiler (where its time per token goes)
 profile_failed=0
 if [ "$SKIP_PROFILE" != 1 ]; then
@@ -266,3 +288,4 @@ if [ "$SKIP_PROFILE" != 1 ]; then
 fi
 [ "$servers_failed" = 0 ] || exit 3
 [ "$profile_failed" = 0 ] || exit 4
+[ "$push_order_failed" = 0 ] || exit 5

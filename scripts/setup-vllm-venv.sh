@@ -26,7 +26,7 @@
 #      without them;
 #   4. this package (editable) with its `lora` extra and pytest, under a constraint
 #      that keeps the torch and transformers vLLM was installed with.
-# GPU users do not need this script: `pip install 'ggpo-lightning[vllm]'` (see README).
+# GPU users do not need this script: `pip install 'ggpo-lightning[vllm]'` (see docs/training-one-gpu.md).
 # Measured: 7 min 15 s wall (2 min CPU) at nice 19 on a busy 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -72,3 +72,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("data")
     write_splits(ArithmeticTask(max_operand=9, ops="+"), directory, n_train=40, n_test=12, seed=0)
     return directory
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch):
+    """``to_float64(module_or_model)`` for tests that compare two computations of one quantity: see
+    ``float64_models`` (why float64, and the tolerance ``FLOAT64_TOLERANCE``)."""
+    from float64_models import float64_norms, to_float64
+
+    float64_norms(monkeypatch)
+    return to_float64

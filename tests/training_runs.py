@@ -34,13 +34,13 @@ def fit(module, datamodule, steps, callbacks=(), tmp_path=None, ckpt_path=None, 
     return trainer
 
 
-def fit_resumable(module, data_dir, tmp_path, steps, ckpt_path=None, save_at=None):
-    """Fit with uniform replay, checkpointing every ``save_at`` steps into ``tmp_path/ckpt``
+def fit_resumable(module, data_dir, tmp_path, steps, ckpt_path=None, save_at=None, accelerator="cpu"):
+    """Fit with uniform replay on one ``accelerator``, checkpointing every ``save_at`` steps into ``tmp_path/ckpt``
     (or resuming from ``ckpt_path``); returns ``(module, datamodule, trainer)``."""
     dm = make_data(data_dir, buffer_capacity=50, buffer_draw="uniform")
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=save_at,
                                                      save_top_k=-1)] if save_at else []
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+    trainer = L.Trainer(max_steps=steps, accelerator=accelerator, devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=bool(save_at), limit_val_batches=0,
                         num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=tmp_path)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)

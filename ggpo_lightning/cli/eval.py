@@ -146,7 +146,7 @@ def _chat_settings(ctx: click.Context, chat_template: Any, system: str | None, k
               "'{\"enable_thinking\": false}' (turns the chat template on; a name the template does not read is an "
               "error).")
 @click.option("--format", "data_format", type=click.Choice(FORMATS), default=None,
-              help="The files' layout (README: Data); default: detected from the first row (verl, math, gsm8k, "
+              help="The files' layout (docs/data.md); default: detected from the first row (verl, math, gsm8k, "
                    "else prompt-answer).")
 @click.option("--prompt-field", default=None, help="prompt-answer layout: record field of the problem (default: "
               "problem, question or prompt, the first present).")
@@ -158,7 +158,7 @@ def _chat_settings(ctx: click.Context, chat_template: Any, system: str | None, k
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu; --engine hf).")
 @click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True,
               help="What samples: hf (transformers generate) or vllm (a vLLM engine holding the model; needs vLLM, "
-                   "see the README).")
+                   "see docs/training-one-gpu.md).")
 @click.option("--vllm-args", default=None, help="For --engine vllm: a JSON object of more vllm.LLM arguments, e.g. "
               "'{\"max_model_len\": 4096, \"gpu_memory_utilization\": 0.5}' (one device: the engine runs in this "
               "process).")

@@ -32,7 +32,7 @@ from ggpo_lightning.training.samples import SampleLog
 from ggpo_lightning.cli.errors import debug_requested, report_user_errors
 from ggpo_lightning.cli.parse_errors import explain_parse_error, known_keys
 from ggpo_lightning.cli.recipe_keys import check_renamed_keys
-from ggpo_lightning.records.run_lock import RunLock, lock_run_directory, release_run_directory
+from ggpo_lightning.records.run_lock import RunLock, lock_run_directory, release_lock, release_run_directory
 from ggpo_lightning.cli.quickstart import SyntheticDataConfig, build_quickstart_inputs
 from ggpo_lightning.tasks.tiny_model import TinyModelConfig
 
@@ -51,7 +51,8 @@ summary.json out. A recipe is a YAML file; every key below can be set in it or a
   ggpo-train --config RECIPE.yaml --print_config         the recipe with every key resolved
   ggpo-train --config RECIPE.yaml --ckpt_path CKPT       resume a run
 
-README.md and recipes/README.md explain the keys; Lightning's own (trainer.*) follow its Trainer."""
+The documentation site (docs/; make docs) lists every key in its configuration reference; docs/recipes.md and
+recipes/README.md explain the recipes; Lightning's own keys (trainer.*) follow its Trainer."""
 """What ``ggpo-train --help`` says before the keys."""
 
 
@@ -217,10 +218,10 @@ def lock_logger_directory(config: Any) -> RunLock | None:
     if "version" not in init_args:
         return None
     instance = instantiate_class((), logger.as_dict())
+    named = None
     if getattr(instance, "log_dir", None) is not None:
         run_dir = Path(instance.log_dir)
-        if init_args["version"] is not None:  # a folder named in the recipe: never another run's
-            _refuse_earlier_run(run_dir)
+        named = init_args["version"] is not None  # a folder named in the recipe: never another run's
         init_args["version"] = instance.version
     elif init_args.get("save_dir") is not None:
         name = init_args.get("name") or instance.name or type(instance).__name__.removesuffix("Logger").lower()
@@ -230,7 +231,14 @@ def lock_logger_directory(config: Any) -> RunLock | None:
             config["checkpoint"]["dirpath"] = str(run_dir / "checkpoints")
     else:
         return None
+    # the lock first: a live run writing there is named by its pid, whatever the folder already holds
     handle = lock_run_directory(run_dir)
+    if named:
+        try:
+            _refuse_earlier_run(run_dir)
+        except FolderInUseError:
+            release_lock(handle)  # the earlier run's files stay as they are
+            raise
     for directory in (*run_dir.parent.glob("*/"), *run_dir.parent.glob("*/checkpoints/")):
         remove_orphans(directory)  # temporary files of earlier runs killed mid-save (their own folders)
     return handle
@@ -323,6 +331,9 @@ def run_training(args: list[str] | None = None) -> GGPOTrainCLI:
         if cli.run_lock is not None:
             release_run_directory(cli.run_lock)
         raise
+    if cli.run_lock is not None:  # written all it writes: a later run in this process may take the lock again
+        cli.run_lock.lock.release()  # its file stays, as when the process exits
+        cli.run_lock = None
     return cli
 
 

@@ -127,7 +127,7 @@ def batch_token_logprobs(model: nn.Module, batch: StepBatch, chunk_size: int) ->
     if batch.packed is None:
         return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.target_mask, chunk_size)
     flat = packed_token_logprobs(model, batch.packed, chunk_size)  # [N]
-    return torch.zeros(batch.target_mask.shape, device=flat.device).masked_scatter(batch.target_mask, flat)
+    return flat.new_zeros(batch.target_mask.shape).masked_scatter(batch.target_mask, flat)  # [B, L]
 
 
 def objective_inputs(batch: StepBatch, token_logp: Tensor, ref_token_logp: Tensor, level: str) -> ObjectiveInputs:
@@ -188,4 +188,4 @@ class ReferenceLogprobCache:
             for group, values in zip(missing, tokens[sub.target_mask].split(sizes)):  # [N_g] each
                 self.put(group, values)
         flat = torch.cat([self.get(g) for g in batch.groups])  # [N]
-        return torch.zeros(batch.target_mask.shape, device=flat.device).masked_scatter(batch.target_mask, flat)
+        return flat.new_zeros(batch.target_mask.shape).masked_scatter(batch.target_mask, flat)  # [B, L]

@@ -38,8 +38,15 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = ["DECODER_FORWARD", "SHARDED_FORWARDS", "PackedGroups", "attention_pair_cost",
            "chunked_packed_token_logprobs", "chunked_token_logprobs", "decoder_and_head", "layout_cost", "pack_groups",
-           "pack_sequences", "packed_shape", "packed_token_logprobs", "response_token_logprobs", "sequence_logprobs",
-           "supports_packed", "token_logprobs"]
+           "logprob_dtype", "pack_sequences", "packed_shape", "packed_token_logprobs", "response_token_logprobs",
+           "sequence_logprobs", "supports_packed", "token_logprobs"]
+
+
+def logprob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype log-probs are computed and kept in for a model computing in ``dtype``: float32 for half precision
+    (a log-softmax in bf16 loses the small differences the objectives take) and float32, the model's own where it is
+    wider (float64: the paths of a step then agree to float64 rounding, whatever the CPU's kernels)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def pack_sequences(
@@ -195,7 +202,8 @@ def chunked_packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_
         with _float32_attention_on_cpu(model):
             logits = model(**inputs, use_cache=False).logits  # [R, W, V]
         logits = logits.reshape(-1, logits.shape[-1])[packed.context]  # [N, V]
-        return logits.float().log_softmax(-1).gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
+        logits = logits.to(logprob_dtype(logits.dtype))  # [N, V]
+        return logits.log_softmax(-1).gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
     body, head = parts
     with _float32_attention_on_cpu(model):
         hidden = _decoder_forward(body)(**inputs, use_cache=False).last_hidden_state  # [R, W, H]
@@ -205,12 +213,14 @@ def chunked_packed_token_logprobs(model: nn.Module, packed: PackedGroups, chunk_
 
 def _sdpa_float32(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                   **kwargs) -> tuple[Tensor, Tensor | None]:
-    """transformers' ``sdpa`` attention computed in float32, its output cast back to the query's dtype."""
+    """transformers' ``sdpa`` attention computed in float32 (float64 stays float64), its output cast back to the
+    query's dtype."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    dtype = logprob_dtype(query.dtype)
     with torch.autocast(query.device.type, enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+        out, weights = sdpa_attention_forward(module, query.to(dtype), key.to(dtype), value.to(dtype),
+                                              attention_mask, **kwargs)
     return out.to(query.dtype), weights
 
 
@@ -256,12 +266,13 @@ def _chunked_head_logprobs(head: nn.Module, context: Tensor, targets: Tensor, ch
             chunks.append(checkpoint(_head_logprobs, head, h, t, use_reentrant=False))
         else:
             chunks.append(_head_logprobs(head, h, t))
-    return torch.cat(chunks) if chunks else context.new_zeros(0, dtype=torch.float32)
+    return torch.cat(chunks) if chunks else context.new_zeros(0, dtype=logprob_dtype(context.dtype))
 
 
 def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
-    """``log softmax(head(hidden))[targets]`` in fp32, shapes ``[N, H], [N] -> [N]``."""
-    logits = head(hidden).float()  # [N, V]
+    """``log softmax(head(hidden))[targets]`` in :func:`logprob_dtype`, shapes ``[N, H], [N] -> [N]``."""
+    logits = head(hidden)  # [N, V]
+    logits = logits.to(logprob_dtype(logits.dtype))  # [N, V]
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
 
 
@@ -325,19 +336,20 @@ def response_token_logprobs(model: nn.Module, prompts: list[list[int]], response
 def chunked_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor,
                            chunk_size: int) -> Tensor:
     """``token_logprobs`` without its argument checks: the body once, the output head in chunks."""
-    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # [B, L]
     targets = input_ids[target_mask]  # [N]
     parts = decoder_and_head(model)
     if parts is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, L, V]
-        logits = logits[:, :-1]  # [B, L-1, V]
-        logp = logits.float().log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return out.masked_scatter(target_mask, logp[target_mask[:, 1:]])
-    body, head = parts
-    hidden = _decoder_forward(body)(input_ids=input_ids, attention_mask=attention_mask,
-                                    use_cache=False).last_hidden_state  # [B, L, H]
-    context = hidden[:, :-1][target_mask[:, 1:]]  # [N, H]: the state that predicts each target
-    return out.masked_scatter(target_mask, _chunked_head_logprobs(head, context, targets, chunk_size))
+        logits = logits[:, :-1].to(logprob_dtype(logits.dtype))  # [B, L-1, V]
+        logp = logits.log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, L-1]
+        flat = logp[target_mask[:, 1:]]  # [N]
+    else:
+        body, head = parts
+        hidden = _decoder_forward(body)(input_ids=input_ids, attention_mask=attention_mask,
+                                        use_cache=False).last_hidden_state  # [B, L, H]
+        context = hidden[:, :-1][target_mask[:, 1:]]  # [N, H]: the state that predicts each target
+        flat = _chunked_head_logprobs(head, context, targets, chunk_size)  # [N]
+    return flat.new_zeros(input_ids.shape).masked_scatter(target_mask, flat)  # [B, L]
 
 
 def sequence_logprobs(

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ggpo_lightning.core.batch import StepBatch, batch_token_logprobs
 from ggpo_lightning.core.distributed import max_across_ranks
-from ggpo_lightning.core.logprobs import token_logprobs
+from ggpo_lightning.core.logprobs import logprob_dtype, token_logprobs
 from ggpo_lightning.core.objectives import ObjectiveInputs
 from ggpo_lightning.core.step_loss import StepLoss
 
@@ -115,12 +115,20 @@ def micro_batch_rows(batch: StepBatch, rows: list[int]) -> tuple[Tensor, Tensor,
     return batch.input_ids[index, :width], batch.attention_mask[index, :width], batch.target_mask[index, :width]
 
 
+def _logprob_buffer(model: nn.Module, batch: StepBatch) -> Tensor:
+    """Zeros ``[B, L]`` for the batch's token log-probs under ``model``, in the dtype the log-prob forwards return
+    (a float32 buffer would round a float64 model's log-probs, and the micro-batched paths would no longer equal the
+    whole pass to float64 rounding)."""
+    dtype = logprob_dtype(next(model.parameters()).dtype)
+    return torch.zeros(batch.target_mask.shape, dtype=dtype, device=batch.input_ids.device)  # [B, L]
+
+
 def micro_batched_token_logprobs(model: nn.Module, batch: StepBatch, plan: list[list[int]],
                                  chunk_size: int) -> Tensor:
     """Pass 1: token log-probs ``[B, L]`` of the batch's responses under ``model``, without gradient, one
     micro-batch of ``plan`` at a time (an empty micro-batch runs the model on row 0 and discards it: every rank of a
     sharded model must run as many forwards as the others)."""
-    out = torch.zeros(batch.target_mask.shape, device=batch.input_ids.device)  # [B, L]
+    out = _logprob_buffer(model, batch)  # [B, L]
     with torch.no_grad():
         for rows in plan:
             ids, attention, target = micro_batch_rows(batch, rows or [0])
@@ -188,7 +196,7 @@ def one_pass_loss(learner: nn.Module, batch: StepBatch, plan: list[list[int]], c
     ``[B, L]`` (detached, for the step's loss and metrics). The objective must declare its denominator."""
     reference = loss.reference(batch)  # [B, L]: the step's reference pass, as in the other forms
     totals = loss.denominators(batch)  # before any forward
-    token_logp = torch.zeros(batch.target_mask.shape, device=batch.input_ids.device)  # [B, L]
+    token_logp = _logprob_buffer(learner, batch)  # [B, L]
     *first, last = plan
     for groups in first:
         backward(micro_batch_share(learner, batch, groups, chunk_size, loss, reference, totals, token_logp))

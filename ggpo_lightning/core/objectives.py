@@ -55,9 +55,11 @@ __all__ = [
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-SWITCHED_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
-"""``ObjectiveConfig`` options that are off when null: setting one for an objective that does not take it is an
-error."""
+CORRECTION_OPTIONS = ("importance_sampling", "importance_sampling_clip_min", "off_policy_mask_threshold")
+"""GRPO's options among :data:`SWITCHED_OPTIONS`."""
+SWITCHED_OPTIONS = CORRECTION_OPTIONS + ("m2_threshold", "oapl_value_beta")
+"""``ObjectiveConfig`` options that are off (or the objective's default) when null: setting one for an objective
+that does not take it is an error."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -471,11 +473,14 @@ class ObjectiveConfig:
     """The objective and its settings: the recipe group ``model.objective``."""
 
     name: str = "ggpo"
-    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl`` or a plugin's (see ``available_objectives``)."""
+    """Registered objective: ``ggpo``, ``agro``, ``grpo``, ``maxrl``, ``prime_rl``, ``m2po``, ``oapl``, ``vespo`` or
+    a plugin's (see ``available_objectives``)."""
     beta: float = 0.04
-    """KL strength (> 0): GGPO's and AGRO's temperature, GRPO's KL-penalty coefficient."""
+    """KL strength (> 0): GGPO's and AGRO's temperature, GRPO's KL-penalty coefficient, prime-rl's ``kl_tau`` and
+    OAPL's ``beta_2`` (both towards the behavior; ``docs/METHOD.md#objectives-that-embrace-lagged-data``)."""
     clip_eps: float = 0.2
-    """GRPO's ratio clip, in (0, 1)."""
+    """GRPO's ratio clip, and prime-rl's DPPO mask threshold on ``pi - mu`` (its ``dppo_mask_low`` and
+    ``dppo_mask_high``), in (0, 1)."""
     kl_estimator: str = "k3"
     """GRPO's per-token KL estimator in the loss: ``k1``, ``k2`` or ``k3``."""
     importance_sampling: str | None = None
@@ -491,6 +496,12 @@ class ObjectiveConfig:
     off_policy_mask_threshold: float | None = None
     """GRPO's off-policy sequence masking (DeepSeek-V3.2): delta (>= 0) on a negative-advantage response's mean
     per-token KL(mu || pi_old), above which it is dropped; null: off (TRL's ``off_policy_mask_threshold``)."""
+    m2_threshold: float | None = None
+    """M2PO's ``tau_M2`` (> 0): tokens of largest ``(log pi/mu)^2`` are masked until the rest's mean is below it;
+    null: M2PO's default 0.04 (AReaL's ``actor.m2_threshold`` in its M2PO example)."""
+    oapl_value_beta: float | None = None
+    """OAPL's ``beta_1`` (> 0), the temperature of the group's optimal value ``beta_1 * log mean exp(r / beta_1)``;
+    null: OAPL's default 1.0 (the authors' released script)."""
     behavior_anchor: float | None = None
     """Weight lambda of the behavior anchor ``lambda * mean(-log pi(y))`` over the behavior's samples
     (``docs/METHOD.md#the-behavior-anchor``), added to any objective's loss. None = the objective's default:
@@ -524,6 +535,11 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             errors.append(f"model.objective.kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, "
                           f"got {self.kl_estimator!r}")
+        for key in ("m2_threshold", "oapl_value_beta"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                errors.append(f"model.objective.{key} must be a finite number > 0, or null (the objective's "
+                              f"default), got {value!r}")
         errors += correction_errors(self.importance_sampling, self.importance_sampling_clip_max,
                                     self.importance_sampling_clip_min, self.off_policy_mask_threshold,
                                     prefix="model.objective.")
@@ -682,6 +698,6 @@ register_objective(Objective(
                                    importance_sampling_clip_max=c.importance_sampling_clip_max,
                                    importance_sampling_clip_min=c.importance_sampling_clip_min,
                                    off_policy_mask_threshold=c.off_policy_mask_threshold),
-    "token", uses_behavior_logp=True, options=SWITCHED_OPTIONS,
+    "token", uses_behavior_logp=True, options=CORRECTION_OPTIONS,
     denominator=contrasted_tokens))  # token-level clipped ratio surrogate, group-normalized advantages; its
 # corrections weigh or mask tokens and responses, never the denominator

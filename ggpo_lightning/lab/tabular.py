@@ -377,7 +377,7 @@ def _tabular_loss(objective: str, logp: Tensor, logp_all: Tensor, behavior_logp:
         return -(advantage * logp).mean() + beta * kl_divergence(logp_all, ref_all).mean()
     spec = get_objective(objective)
     mask = torch.ones_like(logp, dtype=torch.bool)  # [G, K]
-    inputs = ObjectiveInputs(logp=logp, rewards=r, mask=mask, ref_logp=ref)
+    inputs = ObjectiveInputs(logp=logp, rewards=r, mask=mask, ref_logp=ref, behavior_logp=behavior_logp)
     if spec.level == "token":  # one action = one token
         inputs = replace(inputs, token_logp=logp[..., None], token_mask=mask[..., None],  # [G, K, 1]
                          ref_token_logp=ref[..., None], behavior_token_logp=behavior_logp[..., None])

@@ -11,7 +11,7 @@ written and fsynced under a temporary name and hashed; the old sidecar is remove
 content is renamed into place; the new sidecar is written atomically. A kill at any point
 leaves a file whose sidecar matches it, or a file without a sidecar (*unverified*: it
 loads with a warning, as checkpoints written before checksums do), never a false
-mismatch. SHA-256 runs at about 1.5 GB/s on one core with SHA extensions (the README
+mismatch. SHA-256 runs at about 1.5 GB/s on one core with SHA extensions (docs/running.md
 states the measured figure). :func:`check_checkpoint` is the verdict on a checkpoint to
 resume from (structure, then checksum; on failure the newest one beside it that verifies
 is named). Torch-free.

@@ -20,7 +20,7 @@ from filelock import FileLock, Timeout
 
 from ggpo_lightning.records.errors import UserError
 
-__all__ = ["RunDirectoryInUse", "RunLock", "lock_run_directory", "release_run_directory"]
+__all__ = ["RunDirectoryInUse", "RunLock", "lock_run_directory", "release_lock", "release_run_directory"]
 
 START_FILES = ("config.yaml",)
 """What a run writes into its directory before its first step (LightningCLI's saved configuration): a run that
@@ -62,11 +62,16 @@ def lock_run_directory(directory: Path) -> RunLock:
     return RunLock(directory, lock)
 
 
+def release_lock(held: RunLock) -> None:
+    """Release the lock and remove the lock file; leave the directory and what it holds as they are."""
+    held.lock.release()
+    Path(held.lock.lock_file).unlink(missing_ok=True)
+
+
 def release_run_directory(held: RunLock) -> None:
     """Release the lock and remove the lock file; remove the directory too when the run wrote nothing in it but
     its :data:`START_FILES` (a run stopped before its first step: a refused resume, a failed start)."""
-    held.lock.release()
-    Path(held.lock.lock_file).unlink(missing_ok=True)
+    release_lock(held)
     directory = held.directory
     if directory.is_dir() and {p.name for p in directory.iterdir()} <= set(START_FILES):
         for name in START_FILES:

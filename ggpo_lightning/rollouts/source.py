@@ -86,15 +86,18 @@ class RolloutSource(abc.ABC):
         self.rollout, self.weights = rollout, weights
         self.prompts: Prompts | None = None
 
-    def start(self, run_dir: Path, version: int) -> None:
-        """Start what the engine runs beside the trainer (local vLLM servers, their logs under ``run_dir``), and give
-        an engine that samples only with weights the run pushed (``sync_before_rollouts``: vLLM servers) the
-        learner's, tagged ``version``. A no-op for the other engines."""
+    def start(self, run_dir: Path) -> None:
+        """Start what the engine runs beside the trainer (local vLLM servers, their logs under ``run_dir``); a no-op
+        for the other engines. Pushes nothing: the strategy has not placed the learner yet (:attr:`syncs_first`)."""
         start = getattr(self.engine, "start", None)
         if start is not None:
             start(run_dir)
-        if getattr(self.engine, "sync_before_rollouts", False):
-            self.engine.load_weights(self.weights(), version=version)
+
+    @property
+    def syncs_first(self) -> bool:
+        """The engine samples only with weights the run pushed (vLLM servers): :meth:`publish` before the first
+        rollout, once the strategy has placed the learner (on a GPU, NCCL takes only tensors on its device)."""
+        return getattr(self.engine, "sync_before_rollouts", False)
 
     def connect(self, prompts: Prompts) -> None:
         """The next step's prompts (called by :meth:`next_batch`, or by a producer thread under

@@ -90,7 +90,7 @@ class GGPOModule(CheckpointHooks, UpdateHooks):
             when a slow one is warned about (:class:`~ggpo_lightning.training.verifier_health.VerifierHealthConfig`).
         ref_refresh_every: copy the learner into the reference every N optimizer updates
             (0 = never).
-        optimizer: optimizer over the learner's parameters only.
+        optimizer: optimizer over the learner's parameters only (default: AdamW, lr 1e-6, no weight decay).
         logprob_chunk_size: response tokens per output-head chunk (bounds logits memory).
         shared_prefix: learner and reference log-probs on shared-prefix rows (a group's prompt once for its K
             responses; :func:`~ggpo_lightning.core.logprobs.pack_groups`), the same numbers, on the steps where

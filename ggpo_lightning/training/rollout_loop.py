@@ -15,8 +15,10 @@ is here, and nowhere else in the glue:
   backlog produced ahead, the prompt stream's position), read under the source's
   :meth:`~ggpo_lightning.rollouts.source.RolloutSource.prompts_frozen`, so that no prompt is both queued and still
   to come, or neither;
-- on resume: the checkpoint's engine and backlog restored, and the engine re-synced from the learner when training
-  starts, if the checkpoint left its weights to the learner's;
+- when training starts, the first push, once: to an engine that samples only with pushed weights (vLLM servers), and
+  on resume to one whose checkpoint left its weights to the learner's (the checkpoint's engine and backlog are
+  restored before). Not earlier: Lightning calls ``setup`` before the strategy moves the learner to its device, and
+  restores a sharded strategy's weights after;
 - closed once: when training ends (before the final evaluation, which rollouts ahead would compete with for the
   cores), at teardown, or when the run fails or is interrupted (a signal: ``RunGuard``).
 
@@ -64,7 +66,7 @@ class RolloutLoop(EveryNUpdates):
         self.datamodule: PromptGroupDataModule | None = None
         """The prompt stream and the consumer of the groups (connected at :meth:`setup`)."""
         self.closed = False
-        self._resync_on_start = False  # a restored checkpoint left the engine's weights to the learner's
+        self._sync_on_start = False  # servers, or a restored checkpoint that left the engine's weights to the learner's
 
     @property
     def state_key(self) -> str:
@@ -81,7 +83,8 @@ class RolloutLoop(EveryNUpdates):
         errors = self.source.run_errors(datamodule.mode, world()[1])
         if errors:
             raise SettingsError("; ".join(errors))
-        self.source.start(RunSummary.run_dir(trainer), trainer.global_step)  # a resume re-syncs at train start
+        self.source.start(RunSummary.run_dir(trainer))
+        self._sync_on_start = self.source.syncs_first
         self.source.connect(datamodule.step_prompts)
         datamodule.source = self.source
         self.datamodule = datamodule
@@ -117,12 +120,15 @@ class RolloutLoop(EveryNUpdates):
         self.source.load_state_dict(state.backlog)
         if state.prompts is not None and self.datamodule is not None:
             self.datamodule.load_prompt_state(state.prompts)
-        self._resync_on_start = self.source.restore_engine(state.engine_state, state.engine_version)
+        resync = self.source.restore_engine(state.engine_state, state.engine_version)
+        self._sync_on_start = resync or self._sync_on_start
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._resync_on_start:
-            self.sync(trainer.global_step)  # the restored step: the checkpoint's engine version
-            self._resync_on_start = False
+        """The first push (the module docstring), once: the strategy has placed the learner and restored its
+        weights; on resume, ``global_step`` is the checkpoint's (its engine version)."""
+        if self._sync_on_start:
+            self.sync(trainer.global_step)
+            self._sync_on_start = False
 
     # ------------------------------------------------------------------ closing
 

@@ -23,7 +23,12 @@ class SampleLog(L.Callback):
     """Every ``every_n_steps`` optimizer steps (0 = never), the first ``groups`` prompt groups of the step (all
     their K responses) as rows ``{step, prompt_id, prompt, response, reward, length}`` (``length`` in response
     tokens): appended to ``<run dir>/samples.jsonl`` and given to the loggers that show text. Rank 0's groups only
-    (each rank trains on its own share of the step)."""
+    (each rank trains on its own share of the step).
+
+    Args:
+        every_n_steps: write samples every this many optimizer steps; 0 = never.
+        groups: how many of the step's prompt groups to write, each with all of its K responses.
+    """
 
     def __init__(self, every_n_steps: int = 50, groups: int = 2) -> None:
         if every_n_steps < 0:

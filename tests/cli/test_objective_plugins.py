@@ -100,5 +100,5 @@ def test_an_objective_module_that_is_not_found_is_one_line(capsys, tmp_path):
 def test_an_unknown_objective_says_how_to_add_one():
     message = "\n".join(objectives.ObjectiveConfig(name="rloo").errors())
     assert textwrap.dedent("""\
-        model.objective.name: unknown objective 'rloo'; available: agro, ggpo, grpo, maxrl (a plugin's: \
---objective_module or an entry point of 'ggpo.objectives', docs/ADDING_AN_OBJECTIVE.md)""") == message
+        model.objective.name: unknown objective 'rloo'; available: agro, ggpo, grpo, m2po, maxrl, oapl, prime_rl, \
+vespo (a plugin's: --objective_module or an entry point of 'ggpo.objectives', docs/ADDING_AN_OBJECTIVE.md)""") == message

@@ -33,7 +33,7 @@ def test_every_baseline_overlay_is_a_valid_objective():
     """Each baseline's ``model.objective`` passes the checks a run makes (the corrections only on GRPO, in bounds)."""
     from ggpo_lightning.core.objectives import ObjectiveConfig
 
-    assert len(OVERLAYS) == 9  # grpo, agro, maxrl, ggpo-paper and GRPO's five corrections (issue 43)
+    assert len(OVERLAYS) == 13  # grpo, agro, maxrl, ggpo-paper, GRPO's five corrections (issue 43), issue 57's four
     for overlay in OVERLAYS:
         assert ObjectiveConfig(**yaml.safe_load(overlay.read_text())["model"]["objective"]).errors() == [], overlay
 

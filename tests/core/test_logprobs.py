@@ -1,5 +1,6 @@
 """Chunked log-probs equal the plain full-vocabulary computation, and shared-prefix rows equal padded rows,
-values and gradients."""
+values and gradients: compared in float64 (the ``float64`` fixture), where two orders of the same sums agree within
+``FLOAT64_TOLERANCE`` whatever the CPU's kernels."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import torch
 from ggpo_lightning.core.logprobs import (pack_groups, pack_sequences, packed_token_logprobs, sequence_logprobs,
                                     supports_packed, token_logprobs)
 
+from float64_models import FLOAT64_TOLERANCE
+
 
 def reference_token_logprobs(model, input_ids, attention_mask, target_mask):
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # [B, L, V]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [B, L, V]
     logp = logits[:, :-1].log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, L-1]
-    out = torch.zeros(input_ids.shape)
+    out = torch.zeros(input_ids.shape, dtype=logp.dtype)  # [B, L]
     out[:, 1:] = torch.where(target_mask[:, 1:], logp, 0.0)
     return out
 
@@ -39,8 +43,8 @@ def test_pack_sequences_layout(tiny_lm, batch):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 4096])
-def test_chunked_equals_full_vocabulary_values_and_gradients(tiny_lm, batch, chunk_size):
-    model, _ = tiny_lm
+def test_chunked_equals_full_vocabulary_values_and_gradients(tiny_lm, batch, float64, chunk_size):
+    model = float64(tiny_lm[0])
     input_ids, attention, target = batch
     expected = reference_token_logprobs(model, input_ids, attention, target)
     (expected.sum() * 1.0).backward()
@@ -48,9 +52,10 @@ def test_chunked_equals_full_vocabulary_values_and_gradients(tiny_lm, batch, chu
     model.zero_grad()
     got = token_logprobs(model, input_ids, attention, target, chunk_size=chunk_size)
     got.sum().backward()
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, **FLOAT64_TOLERANCE)
     for g, e in zip((p.grad for p in model.parameters()), grads_expected):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
     assert torch.all(got[~target] == 0) and torch.all(got[target] < 0)
 
 
@@ -62,13 +67,13 @@ def test_sequence_logprobs_is_the_sum_over_response_tokens(tiny_lm, batch):
     assert seq.shape == (3,)
 
 
-def test_padding_does_not_change_a_rows_logprobs(tiny_lm, batch):
-    model, _ = tiny_lm
+def test_padding_does_not_change_a_rows_logprobs(tiny_lm, batch, float64):
+    model = float64(tiny_lm[0])
     input_ids, attention, target = batch
     with torch.no_grad():
         together = token_logprobs(model, input_ids, attention, target)
         alone = token_logprobs(model, input_ids[:1, :7], attention[:1, :7], target[:1, :7])
-    torch.testing.assert_close(together[0, :7], alone[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(together[0, :7], alone[0], **FLOAT64_TOLERANCE)
 
 
 def test_bad_input(tiny_lm, batch):
@@ -109,8 +114,9 @@ def test_pack_groups_layout(tiny_lm):
 
 
 @pytest.mark.parametrize("max_row_tokens", [512, 8, 1])
-def test_shared_prefix_rows_equal_padded_rows_values_and_gradients(tiny_lm, max_row_tokens):
+def test_shared_prefix_rows_equal_padded_rows_values_and_gradients(tiny_lm, float64, max_row_tokens):
     model, tok = tiny_lm
+    model = float64(model)
     prompts, responses = _groups(tok)
     rows = pack_sequences([p for p, rs in zip(prompts, responses) for _ in rs],
                           [r for rs in responses for r in rs], tok.pad_token_id)
@@ -121,9 +127,10 @@ def test_shared_prefix_rows_equal_padded_rows_values_and_gradients(tiny_lm, max_
     packed = pack_groups(prompts, responses, tok.pad_token_id, max_row_tokens=max_row_tokens)
     got = packed_token_logprobs(model, packed, chunk_size=3)
     got.sum().backward()
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, **FLOAT64_TOLERANCE)
     for g, e in zip((p.grad for p in model.parameters()), grads_expected):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
     if max_row_tokens == 1:  # every (non-empty) response in a row of its own, each with its prompt copy
         assert packed.input_ids.shape[0] == sum(len(r) > 0 for rs in responses for r in rs)
 

@@ -2,8 +2,9 @@
 objective, whatever the split: in one pass where the objective declares its denominator and the groups fit whole,
 in two passes where a group must be split (a budget smaller than one response) or the objective declares nothing.
 
-Tolerances (fp32, the tiny model, gradients of every parameter): ``rtol=1e-4, atol=1e-6`` against the single pass
-(float sums in another order: per micro-batch, per part); the loss ``rtol=1e-6, atol=1e-7``."""
+The paths are compared in float64 (the ``float64`` fixture): they sum in other orders (per micro-batch, per part, rows
+longest first), which in float32 costs a few ulps that depend on the CPU's kernels; in float64 losses, gradients of
+every parameter and log-probs agree within ``FLOAT64_TOLERANCE`` (its derivation in ``float64_models``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ggpo_lightning.core.objectives import IS_MODES, ObjectiveConfig, available_
 from ggpo_lightning.core.batch import batch_token_logprobs
 from ggpo_lightning.testing import make_group
 
+from float64_models import FLOAT64_TOLERANCE
 from training_runs import make_module
 
 
@@ -61,10 +63,10 @@ OBJECTIVES = [{"name": name} for name in sorted(available_objectives())] + [
 
 @pytest.mark.parametrize("budget", [10_000, 20, 1])  # one micro-batch; groups split; every response alone
 @pytest.mark.parametrize("settings", OBJECTIVES, ids=lambda s: "+".join(map(str, s.values())))
-def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, settings, budget):
+def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, float64, settings, budget):
     _, tokenizer = tiny_lm
     objective = ObjectiveConfig(**settings, beta=0.1, behavior_anchor=0.3)  # the anchor and the KL term on
-    single = make_module(tiny_model_dir, objective=objective)
+    single = float64(make_module(tiny_model_dir, objective=objective))
     batch = single.pack(groups_of(tokenizer))
     torch.manual_seed(1)
     with torch.no_grad():  # away from the reference: the KL terms are not zero
@@ -79,13 +81,15 @@ def test_two_pass_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, setti
     two_pass, _, coefficients, _ = two_pass_loss(single.learner, batch, plan, 64, single.step_loss)
     last = backward_micro_batches(single.learner, batch, plan, coefficients, 64, lambda s: s.backward())
     last.backward()
-    torch.testing.assert_close(two_pass, loss.detach(), rtol=1e-6, atol=1e-7)
+    assert two_pass.dtype == torch.float64
+    torch.testing.assert_close(two_pass, loss.detach(), **FLOAT64_TOLERANCE)
     for got, want in zip(gradients(single), expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got, want, **FLOAT64_TOLERANCE)
 
 
-def test_micro_batched_log_probs_equal_the_whole_batch(tiny_model_dir, tiny_lm):
+def test_micro_batched_log_probs_equal_the_whole_batch(tiny_model_dir, tiny_lm, float64):
     model, tokenizer = tiny_lm
+    model = float64(model)
     module = make_module(tiny_model_dir, shared_prefix=False)
     batch = module.pack(groups_of(tokenizer))
     with torch.no_grad():
@@ -93,7 +97,8 @@ def test_micro_batched_log_probs_equal_the_whole_batch(tiny_model_dir, tiny_lm):
     for budget in (1, 12, 10_000):
         got = micro_batched_token_logprobs(model, batch, plan_micro_batches(batch.attention_mask.sum(-1).tolist(),
                                                                             budget), 64)
-        torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
+        assert got.dtype == whole.dtype == torch.float64  # the micro-batches' buffer keeps the model's precision
+        torch.testing.assert_close(got, whole, **FLOAT64_TOLERANCE)
 
 
 def test_a_non_finite_loss_gives_no_coefficients(tiny_model_dir, tiny_lm):
@@ -106,13 +111,13 @@ def test_a_non_finite_loss_gives_no_coefficients(tiny_model_dir, tiny_lm):
     assert all(p.grad is None for p in module.learner.parameters())  # nothing back-propagated
 
 
-def test_two_pass_gradients_equal_the_single_pass_with_lora(tiny_model_dir, tiny_lm):
+def test_two_pass_gradients_equal_the_single_pass_with_lora(tiny_model_dir, tiny_lm, float64):
     pytest.importorskip("peft")
     from ggpo_lightning.models.lora import LoraSettings
 
     _, tokenizer = tiny_lm
-    module = make_module(tiny_model_dir, lora=LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"]),
-                         objective=ObjectiveConfig(behavior_anchor=0.3))
+    module = float64(make_module(tiny_model_dir, objective=ObjectiveConfig(behavior_anchor=0.3),
+                                 lora=LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"])))
     torch.manual_seed(2)
     with torch.no_grad():  # the adapter off zero, as training would move it
         for name, p in module.learner.named_parameters():
@@ -129,7 +134,7 @@ def test_two_pass_gradients_equal_the_single_pass_with_lora(tiny_model_dir, tiny
     got = [p.grad for p in module.learner.parameters() if p.requires_grad]
     assert len(got) == len(expected) > 0
     for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
 
 
 def test_a_rank_with_fewer_micro_batches_pads_with_empty_ones_that_change_nothing(tiny_model_dir, tiny_lm,
@@ -154,11 +159,11 @@ def test_a_rank_with_fewer_micro_batches_pads_with_empty_ones_that_change_nothin
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_coverage_metrics_equal_single_pass_and_micro_batched(tiny_model_dir, tiny_lm):
+def test_coverage_metrics_equal_single_pass_and_micro_batched(tiny_model_dir, tiny_lm, float64):
     from ggpo_lightning.core.metrics import coverage_metrics
 
     _, tokenizer = tiny_lm
-    module = make_module(tiny_model_dir, shared_prefix=False)
+    module = float64(make_module(tiny_model_dir, shared_prefix=False))
     batch = module.pack(groups_of(tokenizer))
     with torch.no_grad():
         single = coverage_metrics(batch_token_logprobs(module.learner, batch, 64), batch)
@@ -166,7 +171,7 @@ def test_coverage_metrics_equal_single_pass_and_micro_batched(tiny_model_dir, ti
     split = coverage_metrics(micro, batch)
     assert set(single) == set(split) and "coverage_ess" in single
     for name in single:
-        torch.testing.assert_close(split[name], single[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(split[name], single[name], **FLOAT64_TOLERANCE)
 
 
 def group_costs(batch) -> list[int]:
@@ -203,7 +208,7 @@ def test_a_selected_part_holds_its_groups_whole(tiny_model_dir, tiny_lm):
 
 
 # GGPO, AGRO, MaxRL and GRPO; GRPO with each importance-sampling correction and with the off-policy mask
-DECLARED = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo")]
+DECLARED = ([{"name": name} for name in ("ggpo", "agro", "maxrl", "grpo", "prime_rl", "oapl", "vespo")]
             + [{"name": "grpo", "importance_sampling": mode} for mode in IS_MODES]
             + [{"name": "grpo", "off_policy_mask_threshold": 0.5},
                {"name": "grpo", "importance_sampling": "token_mask", "importance_sampling_clip_min": 0.5,
@@ -223,8 +228,9 @@ def micro_batched(module, batch, budget):
     return pending, gradients(module)
 
 
-def moved_module(tiny_model_dir, settings):
-    module = make_module(tiny_model_dir, objective=ObjectiveConfig(**settings, beta=0.1, behavior_anchor=0.3))
+def moved_module(tiny_model_dir, settings, to_float64):
+    module = to_float64(make_module(tiny_model_dir, objective=ObjectiveConfig(**settings, beta=0.1,
+                                                                              behavior_anchor=0.3)))
     torch.manual_seed(1)
     with torch.no_grad():  # away from the reference and the behavior: the KL terms, ratios and masks are not trivial
         for p in module.learner.parameters():
@@ -234,11 +240,11 @@ def moved_module(tiny_model_dir, settings):
 
 @pytest.mark.parametrize("split", ["whole", "mixed", "split"])
 @pytest.mark.parametrize("settings", DECLARED, ids=lambda s: "+".join(map(str, s.values())))
-def test_micro_batched_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, settings, split):
+def test_micro_batched_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, float64, settings, split):
     """``whole``: the largest group's cost as the budget, every group fits, several micro-batches: one pass.
     ``mixed``: a budget some groups fit and some do not; ``split``: 1 token, every response alone: two passes."""
     _, tokenizer = tiny_lm
-    module = moved_module(tiny_model_dir, settings)
+    module = moved_module(tiny_model_dir, settings, float64)
     batch = module.pack(groups_of(tokenizer))
     costs = sorted(group_costs(batch))
     budget = {"whole": costs[-1], "mixed": costs[0], "split": 1}[split]
@@ -246,10 +252,10 @@ def test_micro_batched_gradients_equal_the_single_pass(tiny_model_dir, tiny_lm, 
     pending, got = micro_batched(module, batch, budget)
     assert pending.passes == ("one" if split == "whole" else "two")
     assert split != "whole" or len(plan_whole_groups(batch, budget)) > 1
-    torch.testing.assert_close(pending.loss, loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(pending.loss, loss, **FLOAT64_TOLERANCE)
     assert any(g.abs().sum() > 0 for g in expected)
     for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
 
 
 def count_forwards(model) -> list[int]:
@@ -259,11 +265,12 @@ def count_forwards(model) -> list[int]:
     return calls
 
 
-def test_an_objective_without_a_declared_denominator_takes_two_passes(tiny_model_dir, tiny_lm, monkeypatch):
+def test_an_objective_without_a_declared_denominator_takes_two_passes(tiny_model_dir, tiny_lm, float64,
+                                                                       monkeypatch):
     """A plugin's objective declares nothing: two passes, two forwards per micro-batch, even where groups fit whole;
     the declared one takes one forward per micro-batch. Both equal the single pass."""
     _, tokenizer = tiny_lm
-    module = moved_module(tiny_model_dir, {"name": "ggpo"})
+    module = moved_module(tiny_model_dir, {"name": "ggpo"}, float64)
     batch = module.pack(groups_of(tokenizer))
     budget = max(group_costs(batch))
     micro_batches = len(plan_whole_groups(batch, budget))
@@ -276,15 +283,15 @@ def test_an_objective_without_a_declared_denominator_takes_two_passes(tiny_model
     pending, undeclared = micro_batched(module, batch, budget)
     assert pending.passes == "two" and len(calls) == 2 * len(plan_step(batch, budget))
     for one, two, e in zip(declared, undeclared, expected):
-        torch.testing.assert_close(one, e, rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(two, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(one, e, **FLOAT64_TOLERANCE)
+        torch.testing.assert_close(two, e, **FLOAT64_TOLERANCE)
 
 
-def test_one_pass_metrics_inputs_equal_the_single_pass(tiny_model_dir, tiny_lm):
+def test_one_pass_metrics_inputs_equal_the_single_pass(tiny_model_dir, tiny_lm, float64):
     """What the step's metrics are computed from (the learner's token log-probs and the objective's inputs) is the
     whole step's, as in the single pass."""
     _, tokenizer = tiny_lm
-    module = moved_module(tiny_model_dir, {"name": "grpo"})
+    module = moved_module(tiny_model_dir, {"name": "grpo"}, float64)
     batch = module.pack(groups_of(tokenizer))
     with torch.no_grad():
         whole = batch_token_logprobs(module.learner, batch, 64)
@@ -292,9 +299,9 @@ def test_one_pass_metrics_inputs_equal_the_single_pass(tiny_model_dir, tiny_lm):
     pending = StepPasses(max(group_costs(batch)), 64).run(module.learner, batch, module.loss_terms(),
                                                           lambda s: s.backward())
     assert pending.passes == "one"
-    torch.testing.assert_close(pending.token_logp, whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pending.token_logp, whole, **FLOAT64_TOLERANCE)
     for name in ("logp", "ref_logp", "token_logp", "behavior_logp"):
-        torch.testing.assert_close(getattr(pending.inputs, name), getattr(inputs, name), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(getattr(pending.inputs, name), getattr(inputs, name), **FLOAT64_TOLERANCE)
 
 
 def test_a_rank_with_fewer_one_pass_micro_batches_pads_with_empty_ones(tiny_model_dir, tiny_lm, monkeypatch):

@@ -283,7 +283,8 @@ def test_registry():
     assert get_objective("ggpo").loss(inputs, config) == ggpo_loss(logp, ref, rewards, 0.3)
     assert get_objective("agro").loss(inputs, config) == agro_loss(logp, ref, rewards, 0.3)
     assert get_objective("grpo").level == "token" and get_objective("grpo").uses_behavior_logp
-    with pytest.raises(ValueError, match="unknown objective 'ppo'.*agro, ggpo, grpo, maxrl"):
+    with pytest.raises(ValueError, match="unknown objective 'ppo'.*agro, ggpo, grpo, m2po, maxrl, oapl, prime_rl, "
+                                         "vespo"):
         get_objective("ppo")
 
 

@@ -79,7 +79,7 @@ def test_the_readme_gpu_command_as_written_runs_one_step_on_cpu(tmp_path, qwen3_
     """The README's ``ggpo data convert ...`` and ``ggpo-train --config recipes/qwen3-1.7b-math.yaml ... # no vLLM``
     lines as written (the GPU line with the HF engine: vLLM is not in this venv), in a folder holding ``recipes/``, plus only a local model, the CPU and one step: the recipe's
     own batch (32 prompts x K=8) and lengths (1024 new tokens) through the preflight and one update."""
-    convert = readme_command("ggpo data convert", "# the schema (see \"Data\" below)")
+    convert = readme_command("ggpo data convert", "# the schema (docs/data.md)")
     train = readme_command("ggpo-train --config recipes/qwen3-1.7b-math.yaml", "# no vLLM")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")

@@ -17,6 +17,7 @@ from ggpo_lightning.core.objectives import ggpo_weights
 from ggpo_lightning.rollouts.config import SamplingConfig
 from ggpo_lightning.testing import make_group
 
+from float64_models import FLOAT64_TOLERANCE
 from training_runs import fit, fit_resumable, make_data, make_module
 
 
@@ -42,7 +43,7 @@ class Probe(L.Callback):
         self.rows[-1]["versions"] = [g.behavior_version for g in batch.groups]
 
 
-@pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl"])
+@pytest.mark.parametrize("objective", ["ggpo", "agro", "grpo", "maxrl", "prime_rl", "m2po", "oapl", "vespo"])
 def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_model_dir, data_dir, objective):
     torch.manual_seed(0)
     module = make_module(tiny_model_dir, objective=ObjectiveConfig(objective, beta=0.1))
@@ -56,9 +57,9 @@ def test_a_few_steps_with_each_objective_change_every_learner_parameter(tiny_mod
     assert module.generated_samples == 3 * 6 * 4
 
 
-def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
+def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm, float64):
     _, tok = tiny_lm
-    module = make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.3))
+    module = float64(make_module(tiny_model_dir, objective=ObjectiveConfig(beta=0.3)))
     with torch.no_grad():  # move the learner off the reference so that log pi != log pi_ref
         for p in module.learner.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -87,7 +88,7 @@ def test_ggpo_step_gradient_equals_the_closed_form(tiny_model_dir, tiny_lm):
     module.learner.zero_grad()
     (coef * logp).sum().backward()
     for g, e in zip(got, (p.grad for p in module.learner.parameters())):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
     assert any(g.abs().max() > 0 for g in got)
 
 
@@ -238,15 +239,15 @@ def _step_gradients(module: GGPOModule, groups) -> list[torch.Tensor]:
     return [p.grad.clone() for p in module.learner.parameters()]
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, tiny_lm):
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, tiny_lm, float64):
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0])]
-    plain = make_module(tiny_model_dir)
-    checkpointed = make_module(tiny_model_dir, gradient_checkpointing=True)
+    plain = float64(make_module(tiny_model_dir))
+    checkpointed = float64(make_module(tiny_model_dir, gradient_checkpointing=True))
     assert checkpointed.learner.is_gradient_checkpointing and not plain.learner.is_gradient_checkpointing
     for g, e in zip(_step_gradients(checkpointed, groups), _step_gradients(plain, groups)):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
 
 
 def test_bf16_mixed_precision_trains_on_cpu(tiny_model_dir, data_dir):
@@ -313,14 +314,14 @@ def test_gradients_are_clipped_and_their_norm_recorded_before_clipping(tiny_mode
 
 
 @pytest.mark.parametrize("objective", ["ggpo", "grpo"])
-def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_dir, tiny_lm, objective):
+def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_dir, tiny_lm, float64, objective):
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     groups = [make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0],
                          behavior_logprobs=[[-1.0], [-2.0], [-1.5, -0.5]]),
               make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0],
                          behavior_logprobs=[[-0.1, -0.2, -0.3], [-2.0]])]
-    packed, padded = (make_module(tiny_model_dir, objective=ObjectiveConfig(objective), shared_prefix=s)
+    packed, padded = (float64(make_module(tiny_model_dir, objective=ObjectiveConfig(objective), shared_prefix=s))
                       for s in (True, False))
     assert packed.pack(groups).packed is not None and padded.pack(groups).packed is None
     torch.manual_seed(0)
@@ -328,19 +329,20 @@ def test_shared_prefix_rows_give_the_padded_rows_loss_and_gradients(tiny_model_d
         for p, q in zip(packed.learner.parameters(), padded.learner.parameters()):
             q.copy_(p.add_(0.05 * torch.randn_like(p)))
     torch.testing.assert_close(packed.step_loss(packed.pack(groups))[0], padded.step_loss(padded.pack(groups))[0],
-                               rtol=1e-5, atol=1e-6)
+                               **FLOAT64_TOLERANCE)
     for g, e in zip(_step_gradients(packed, groups), _step_gradients(padded, groups)):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g, e, **FLOAT64_TOLERANCE)
 
 
-def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm, monkeypatch):
+def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_model_dir, tiny_lm, float64,
+                                                                         monkeypatch):
     from ggpo_lightning.core import batch as batch_module
 
     _, tok = tiny_lm
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     a = make_group(tok("1+2=")["input_ids"], [enc("3"), enc("4"), enc("13")], [1.0, 0.0, 0.0], prompt_id="a")
     b = make_group(tok("15+5=")["input_ids"], [enc("20") + [tok.eos_token_id], enc("2")], [1.0, 0.0], prompt_id="b")
-    module = make_module(tiny_model_dir)
+    module = float64(make_module(tiny_model_dir))
     calls = []
     real = batch_module.batch_token_logprobs
     monkeypatch.setattr(batch_module, "batch_token_logprobs", lambda model, batch, chunk: calls.append(
@@ -354,14 +356,15 @@ def test_reference_logprobs_are_reused_until_the_reference_is_refreshed(tiny_mod
     assert calls == [["a"], ["b"]]
     with torch.no_grad():
         recomputed = forward(module.reference, both)  # [B, L]
-    torch.testing.assert_close(got, recomputed, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got[2:, :cached.shape[1]], cached, rtol=1e-5, atol=1e-6)
+    assert got.dtype == torch.float64  # the cache keeps the reference's precision
+    torch.testing.assert_close(got, recomputed, **FLOAT64_TOLERANCE)
+    torch.testing.assert_close(got[2:, :cached.shape[1]], cached, **FLOAT64_TOLERANCE)
     with torch.no_grad():  # a new reference: nothing cached is valid any more
         next(module.learner.parameters()).add_(0.5)
     module.refresh_reference()
     with torch.no_grad():
         recomputed = forward(module.reference, both)
-    torch.testing.assert_close(reference(both), recomputed, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reference(both), recomputed, **FLOAT64_TOLERANCE)
     assert calls[-1] == ["b", "a"] and not torch.allclose(recomputed, got)
     del a, b, both
     assert not len(module.reference_cache)  # entries leave with their groups

@@ -18,6 +18,7 @@ import torch
 from fake_rollouts import FakeEngine, FakeRollout, Learner
 from ggpo_lightning.models.checkpoint import CHECKPOINT_KEY, learner_weights, read_checkpoint
 from ggpo_lightning.rollouts.config import RolloutConfig, SamplingConfig
+from ggpo_lightning.rollouts.protocol import weight_pairs
 from ggpo_lightning.training.callbacks import RunGuard, RunInterrupted
 from ggpo_lightning.training.data import PromptGroupDataModule
 from ggpo_lightning.training.rollout_loop import RolloutLoop
@@ -170,3 +171,47 @@ def test_after_a_resume_the_first_rollout_uses_the_checkpoints_engine(tiny_model
     assert first.seen is not None and first.seen[0] == version
     for name, value in first.seen[1].items():
         assert torch.equal(value, expected[name]), name
+
+
+class _Pushes:
+    """Records every push to the module's engine, marked as one that samples only with pushed weights (as vLLM
+    servers are): its version, the device of what it was given, and whether the strategy had set the run up by then
+    (it moves the learner to its device and makes the optimizers: ``trainer.optimizers`` is empty before)."""
+
+    def __init__(self, module) -> None:
+        self.calls: list[tuple[int, torch.device, bool]] = []
+        engine, load = module.engine, module.engine.load_weights
+        engine.sync_before_rollouts = True
+
+        def recording(weights, version):
+            _, first = next(iter(weight_pairs(weights)))
+            self.calls.append((version, first.device, bool(module.trainer.optimizers)))
+            return load(weights, version=version)
+
+        engine.load_weights = recording
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU case: benchmarks/gpu_smoke.sh runs it on a GPU machine"))])
+def test_the_first_push_comes_after_the_strategy_placed_the_learner_and_a_resume_pushes_once(tiny_model_dir, data_dir,
+                                                                                              tmp_path, accelerator):
+    """Lightning calls ``setup`` before the strategy moves the learner to its device (vLLM's NCCL engine then got CPU
+    tensors and asserted): the first push is at train start, after the strategy; a resume pushes once, tagged with
+    the checkpoint's step (it pushed at setup, tagged 0, then again at train start). On CPU the strategy's mark is the
+    optimizers it makes; on a GPU the pushed tensors' device is the learner's too."""
+    def module():
+        torch.manual_seed(0)
+        return make_module(tiny_model_dir, rollout=RolloutConfig(k=3, sync_every=2,
+                                                                 sampling=SamplingConfig(max_new_tokens=3)))
+
+    first = module()
+    pushes = _Pushes(first)
+    fit_resumable(first, data_dir, tmp_path, 3, save_at=3, accelerator=accelerator)
+    assert first.device.type == ("cuda" if accelerator == "gpu" else "cpu")
+    assert pushes.calls[0] == (0, first.device, True)
+    assert [version for version, *_ in pushes.calls] == [0, 2]  # at the start, then every sync_every = 2 updates
+    resumed = module()
+    pushes = _Pushes(resumed)
+    fit_resumable(resumed, data_dir, tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"),
+                  accelerator=accelerator)
+    assert pushes.calls == [(3, resumed.device, True), (4, resumed.device, True)]  # once at the start, then step 4
