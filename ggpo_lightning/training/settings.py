@@ -42,8 +42,8 @@ def check_settings(objective: ObjectiveConfig, rollout: RolloutConfig, evaluatio
     if max_nan_steps < 1:
         errors.append(f"model.max_nan_steps must be >= 1, got {max_nan_steps}")
     if rollout.engine == "vllm_server" and not rollout.server_logprobs and _uses_behavior_logp(objective.name):
-        errors.append(f"model.rollout.server_logprobs: false leaves {objective.name}'s importance ratios without the "
-                      "behavior log-probs they need; keep it true, or use an objective without them (ggpo)")
+        errors.append(f"model.rollout.server_logprobs: false leaves {objective.name} without the behavior log-probs "
+                      "it reads; keep it true, or use an objective without them (ggpo)")
     if errors:
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(errors))
 

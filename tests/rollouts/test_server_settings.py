@@ -28,7 +28,7 @@ def test_server_settings_name_their_keys():
 def test_server_logprobs_off_is_refused_for_an_objective_with_importance_ratios():
     rollout = {"engine": "vllm_server", "servers": "local", "server_logprobs": False}
     check_model_settings({"objective": {"name": "ggpo"}, "rollout": rollout})  # GGPO needs none
-    with pytest.raises(SettingsError, match="model.rollout.server_logprobs: false leaves grpo's importance ratios"):
+    with pytest.raises(SettingsError, match="model.rollout.server_logprobs: false leaves grpo without the behavior log-probs it reads"):
         check_model_settings({"objective": {"name": "grpo"}, "rollout": rollout})
 
 

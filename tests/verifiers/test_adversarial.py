@@ -120,7 +120,9 @@ def test_the_pool_contains_huge_inputs_that_pass_the_filters(unfiltered) -> None
     ]
     start = time.perf_counter()
     assert unfiltered.score_batch(responses, ["1"] * len(responses)) == [0.0] * len(responses)
-    assert time.perf_counter() - start < len(responses) * TIMEOUT + 2 * MARGIN
+    # each response may run out its timeout and cost a worker's kill and replacement (once missed at 6 x 1 s + 4 s
+    # under three test runs' load on two cores)
+    assert time.perf_counter() - start < len(responses) * (TIMEOUT + MARGIN)
     assert unfiltered.score(r"\boxed{\frac{1}{2}}", "0.5") == 1.0
 
 
