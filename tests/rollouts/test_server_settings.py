@@ -28,8 +28,10 @@ def test_server_settings_name_their_keys():
 def test_server_logprobs_off_is_refused_for_an_objective_with_importance_ratios():
     rollout = {"engine": "vllm_server", "servers": "local", "server_logprobs": False}
     check_model_settings({"objective": {"name": "ggpo"}, "rollout": rollout})  # GGPO needs none
-    with pytest.raises(SettingsError, match="model.rollout.server_logprobs: false leaves grpo without the behavior log-probs it reads"):
-        check_model_settings({"objective": {"name": "grpo"}, "rollout": rollout})
+    for name in ("grpo", "oapl"):  # ratios, or a regression on log(pi / mu): both read the behavior's log-probs
+        with pytest.raises(SettingsError, match=f"model.rollout.server_logprobs: false leaves {name} without the "
+                                                "behavior log-probs it reads"):
+            check_model_settings({"objective": {"name": name}, "rollout": rollout})
 
 
 def test_server_keys_set_with_another_engine_are_named_in_one_warning():
