@@ -14,6 +14,7 @@ Nothing here imports vLLM.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ def draw_seeds(prompts: int) -> list[int]:
     return torch.randint(2**31 - 1, (prompts,)).tolist()
 
 
-class VLLMSampler(SyncedOnResume):
+class VLLMSampler(SyncedOnResume, abc.ABC):
     """``generate`` and ``greedy`` of a vLLM engine, over its :meth:`_complete`. Subclasses set :attr:`tokenizer` (the
     learner's: its EOS stops responses, it decodes them) and :attr:`record_logprobs`. Neither engine saves its weights
     (they live under vLLM's fused names): a resume syncs it (:class:`SyncedOnResume`)."""
@@ -59,9 +60,9 @@ class VLLMSampler(SyncedOnResume):
         return sampling_params(n, temperature, top_p, max_tokens, seed, eos=self.tokenizer.eos_token_id,
                                record_logprobs=self.record_logprobs)
 
+    @abc.abstractmethod
     def _complete(self, prompt_ids: list[list[int]], params: list[dict[str, Any]]) -> list[Generation]:
         """One request per prompt with its :func:`sampling_params` (in order); their generations, in order."""
-        raise NotImplementedError
 
     def _generation(self, prompt: list[int], responses: list[list[int]], logprobs: list[list[float]] | None,
                     versions: list[list[int]] | None = None) -> Generation:
