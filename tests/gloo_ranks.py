@@ -1,4 +1,5 @@
-"""Two real processes joined by a gloo process group, for tests of the cross-rank reductions (CPU, seconds)."""
+"""Two real processes joined by a gloo process group, for tests of the cross-rank reductions (CPU, seconds). A
+collective that one rank never joins fails after :data:`COLLECTIVE_SECONDS` (gloo's timeout) instead of hanging."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from datetime import timedelta
+
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+COLLECTIVE_SECONDS = 60
+
+
 def _worker(rank: int, port: int, fn: Callable[[int], Any], out) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=COLLECTIVE_SECONDS))
     try:
         out[rank] = fn(rank)
     finally:

@@ -117,9 +117,15 @@ def _maximum_metric(name: str) -> bool:
     return name.endswith("_max")
 
 
+RATIO_METRICS = {"verifier/accuracy": ("verifier/correct", "verifier/total"),
+                 "verifier/unboxed_share": ("verifier/unboxed", "verifier/total")}
+"""Metrics that are a ratio of two summed counts: over ranks, the ratio of the sums (ranks may have scored different
+numbers of responses: rank 0 scores them all when it rolls out for every rank)."""
+
+
 def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """Each step metric over all ranks: counters and throughputs summed, maxima (``*_max``) the largest (a second
-    all-reduce, MAX), the rest averaged.
+    """Each step metric over all ranks: counters and throughputs summed, ratios of counts (:data:`RATIO_METRICS`)
+    recomputed from the sums, maxima (``*_max``) the largest (a second all-reduce, MAX), the rest averaged.
 
     Every rank holds the same number of groups, so the mean of the ranks' losses is the
     loss of the whole step's groups, as on one process. A NaN ``loss`` on any rank makes the
@@ -136,6 +142,9 @@ def reduce_step_metrics(metrics: dict[str, Tensor], device: torch.device) -> dic
                                          present.float()]))  # [2M]
     sums, counts = totals[:len(names)], totals[len(names):]
     reduced = {n: total if _summed_metric(n) else total / count for n, total, count in zip(names, sums, counts)}
+    for ratio, (part, whole) in RATIO_METRICS.items():
+        if ratio in reduced and part in reduced and whole in reduced:
+            reduced[ratio] = reduced[part] / reduced[whole].clamp(min=1)
     maxima = [n for n in names if _maximum_metric(n)]
     if maxima:
         largest = torch.stack([metrics[n].detach().to(device, torch.float64) for n in maxima])  # [M_max]

@@ -107,6 +107,15 @@ class RolloutCounts:
     """What the engine counted itself (vLLM servers: ``servers_alive``, ``server_retries``, ``server_resyncs``,
     ``weight_push_seconds``); empty for engines that count nothing."""
 
+    def for_rank(self, rank: int) -> RolloutCounts:
+        """These counts as rank ``rank`` reports them when rank 0 rolled out every rank's share (the async schedule
+        on several processes). The step's metrics are reduced over ranks, counts summed and times averaged
+        (:func:`~ggpo_lightning.core.distributed.reduce_step_metrics`): the tokens and the verifier's outcomes stay
+        on rank 0, the times and the engine's counts are every rank's."""
+        if rank == 0:
+            return self
+        return RolloutCounts(seconds=self.seconds, verify_seconds=self.verify_seconds, engine=dict(self.engine))
+
 
 @dataclass
 class ChatTemplate:

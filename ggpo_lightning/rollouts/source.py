@@ -3,9 +3,10 @@ asynchronous schedule (``model.rollout.schedule``) behind one interface.
 
 The glue never asks which schedule runs. Every place the choice matters is a method here:
 
-- :meth:`~RolloutSource.next_batch`: the step's groups, rolled out now (:class:`SyncSource`) or taken from the
-  producer thread's queue (:class:`AsyncSource`, :mod:`~ggpo_lightning.rollouts.producer`), with what producing
-  them cost (:class:`RolloutBatch`: the rollout's metrics travel with its groups);
+- :meth:`~RolloutSource.next_batch`: this rank's share of the step's groups, rolled out now by every rank
+  (:class:`SyncSource`) or taken from the producer thread's queue on rank 0 and scattered (:class:`AsyncSource`,
+  :mod:`~ggpo_lightning.rollouts.producer`), with what producing them cost (:class:`RolloutBatch`: the rollout's
+  metrics travel with its groups);
 - :meth:`~RolloutSource.roll_out`: given prompts rolled out at once in the caller (the offline fill);
 - :meth:`~RolloutSource.publish`: the learner's weights to the engine after an update (loaded in place, or handed
   over for the producer to load at its next batch boundary);
@@ -14,12 +15,23 @@ The glue never asks which schedule runs. Every place the choice matters is a met
   :meth:`~RolloutSource.engine_checkpoint` / :meth:`~RolloutSource.restore_engine`: checkpoints;
 - :meth:`~RolloutSource.run_errors`: what the schedule does not run with;
 - :meth:`~RolloutSource.close`: stop producing, release the engine's processes.
+
+**Several trainer processes.** The prompt stream gives every rank the whole step's prompts in one order; the source
+decides who rolls out what. Synchronous: each rank its own share (every ``world``-th prompt from its rank on,
+:func:`~ggpo_lightning.core.distributed.rank_share`), and a rank whose rollout failed makes every rank fail at the
+same point (:func:`~ggpo_lightning.core.rank_agreement.failing_together`). Asynchronous: rank 0 alone runs the
+producer, for the whole step, and :meth:`AsyncSource.next_batch` scatters each rank's share of every batch
+(:func:`~ggpo_lightning.core.rank_agreement.from_rank0`), or rank 0's error, so that every rank raises it. Pushes
+stay collective (the learner's gathers) and are made in the learner's thread on every rank; the engine makes every
+rank agree on their outcome (:meth:`~ggpo_lightning.rollouts.protocol.RolloutEngine.load_weights`). Rank 0's backlog
+is the whole run's: checkpoints keep their schema, and a checkpoint of one process resumes on several and back.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +40,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ggpo_lightning.core.distributed import rank_share, world
+from ggpo_lightning.core.rank_agreement import failing_together, from_rank0
 from ggpo_lightning.records.buffer import RolloutGroup
 from ggpo_lightning.records.prompts import PromptRow
 from ggpo_lightning.rollouts.config import RolloutConfig
@@ -38,7 +52,7 @@ from ggpo_lightning.rollouts.producer import ProducedBatch, RolloutProducer
 __all__ = ["AsyncSource", "RolloutBatch", "RolloutSource", "SyncSource", "async_run_errors", "make_source"]
 
 Prompts = Callable[[], list[PromptRow]]
-"""The next step's prompts (this process's share)."""
+"""The next step's prompts: every rank's, in the one order all ranks walk."""
 
 
 @dataclass
@@ -100,8 +114,8 @@ class RolloutSource(abc.ABC):
         return getattr(self.engine, "sync_before_rollouts", False)
 
     def connect(self, prompts: Prompts) -> None:
-        """The next step's prompts (called by :meth:`next_batch`, or by a producer thread under
-        :meth:`prompts_frozen`)."""
+        """The next step's prompts, the whole step's (called by :meth:`next_batch`, or by rank 0's producer thread
+        under :meth:`prompts_frozen`)."""
         self.prompts = prompts
 
     def next_prompts(self) -> list[PromptRow]:
@@ -116,7 +130,8 @@ class RolloutSource(abc.ABC):
 
     @abc.abstractmethod
     def next_batch(self, step: int) -> RolloutBatch:
-        """The groups for the learner's step ``step``."""
+        """This rank's groups for the learner's step ``step`` (on every rank at the same point: it may be a
+        collective)."""
 
     def roll_out(self, rows: Sequence[PromptRow], per_call: int) -> RolloutBatch:
         """``rows`` rolled out now, in the caller, ``per_call`` prompts per engine call (the offline fill)."""
@@ -165,7 +180,9 @@ class SyncSource(RolloutSource):
     """Generation and training take turns: each step rolls out its prompts with the engine as last synced."""
 
     def next_batch(self, step: int) -> RolloutBatch:
-        groups = self.rollout(self.next_prompts())
+        rank, world_size = world()
+        with failing_together():  # a rank whose servers are gone stops every rank here, not at the next all-reduce
+            groups = self.rollout(rank_share(self.next_prompts(), rank, world_size))
         return RolloutBatch(groups, self.rollout.take_counts())
 
     def publish(self, version: int) -> None:
@@ -183,22 +200,38 @@ class SyncSource(RolloutSource):
 class AsyncSource(RolloutSource):
     """A producer thread rolls out the next steps' groups while the learner trains, staleness at most
     ``staleness_limit`` (:class:`~ggpo_lightning.rollouts.producer.RolloutProducer`; it starts at the first
-    :meth:`next_batch`, after the batches a checkpoint restored)."""
+    :meth:`next_batch`, after the batches a checkpoint restored). On several processes it runs on rank 0 only, for
+    every rank (the module docstring), and the engine must serve every rank (``engine: vllm_server``)."""
 
-    def __init__(self, rollout: GroupRollout, weights: Callable[[], Weights], staleness_limit: int) -> None:
+    def __init__(self, rollout: GroupRollout, weights: Callable[[], Weights], staleness_limit: int,
+                 engine_name: str) -> None:
         super().__init__(rollout, weights)
+        self.engine_name = engine_name
         self.producer = RolloutProducer(rollout, rollout.engine, self.next_prompts, staleness_limit,
                                         take_counts=rollout.take_counts)
         self._restored: dict[str, Any] = {"queued": [], "in_flight": None}
 
     def next_batch(self, step: int) -> RolloutBatch:
+        """Rank 0 takes the step's batch from the producer and each rank gets its share of the groups, with counts
+        that sum to the batch's over ranks (:meth:`RolloutCounts.for_rank`); when the producer failed, every rank
+        raises its error. The other ranks' wait is their :attr:`RolloutBatch.wait_seconds`."""
+        requested = time.monotonic()
+        groups, counts, wait_seconds, over_staleness, queued = from_rank0(lambda: self._take_shares(step))
+        if world()[0] != 0:  # rank 0's own wait was for the producer; the others' is for rank 0
+            wait_seconds = time.monotonic() - requested
+        return RolloutBatch(groups, counts, wait_seconds, over_staleness, queued)
+
+    def _take_shares(self, step: int) -> list[tuple[list[RolloutGroup], RolloutCounts, float, int, int]]:
+        """Rank 0: the producer's next batch, as every rank's share (in rank order)."""
         if not self.producer.started:
             self.producer.start(step, [ProducedBatch.from_dict(b) for b in self._restored["queued"]],
                                 None if self._restored["in_flight"] is None else
                                 [PromptRow(**row) for row in self._restored["in_flight"]])
         taken = self.producer.take(step)
-        return RolloutBatch(taken.groups, taken.counts or RolloutCounts(), taken.wait_seconds, taken.over_staleness,
-                            len(self.producer.backlog()[0]))
+        counts, queued = taken.counts or RolloutCounts(), len(self.producer.backlog()[0])
+        world_size = world()[1]
+        return [(rank_share(taken.groups, rank, world_size), counts.for_rank(rank), taken.wait_seconds,
+                 taken.over_staleness, queued) for rank in range(world_size)]
 
     def publish(self, version: int) -> None:
         """Before the producer starts, or into an engine that takes weights while it generates (vLLM servers: the
@@ -234,7 +267,7 @@ class AsyncSource(RolloutSource):
         self._restored = state or {"queued": [], "in_flight": None}
 
     def run_errors(self, data_mode: str, processes: int) -> list[str]:
-        return async_run_errors(data_mode, processes)
+        return async_run_errors(data_mode, processes, self.engine_name)
 
     def close(self) -> None:
         self.producer.stop()
@@ -244,18 +277,21 @@ class AsyncSource(RolloutSource):
 def make_source(config: RolloutConfig, rollout: GroupRollout, weights: Callable[[], Weights]) -> RolloutSource:
     """The source of ``model.rollout.schedule``."""
     if config.schedule == "async":
-        return AsyncSource(rollout, weights, config.staleness_limit)
+        return AsyncSource(rollout, weights, config.staleness_limit, config.engine)
     return SyncSource(rollout, weights)
 
 
-def async_run_errors(data_mode: str, processes: int) -> list[str]:
+def async_run_errors(data_mode: str, processes: int, engine: str) -> list[str]:
     """What ``model.rollout.schedule: async`` does not run with, beside its own settings (``RolloutConfig.errors``):
-    checked by the preflight on the recipe and again when the module makes its source."""
+    checked by the preflight on the recipe and again when the module makes its source. On several processes rank 0
+    rolls out for every rank: on servers every rank shares (``engine: vllm_server``), not on an engine of its own."""
     errors = []
     if data_mode != "online":
         errors.append(f"model.rollout.schedule: async needs data.mode: online (offline data is generated once, "
                       f"before training), got data.mode: {data_mode!r}")
-    if processes > 1:
-        errors.append(f"model.rollout.schedule: async runs on one process for now; this run has {processes} (set "
-                      "trainer.devices and trainer.num_nodes to 1, or model.rollout.schedule: sync)")
+    if processes > 1 and engine != "vllm_server":
+        errors.append(f"model.rollout.schedule: async on several processes ({processes}) needs "
+                      f"model.rollout.engine: vllm_server (rank 0 rolls out every rank's share on servers all ranks "
+                      f"share), got engine: {engine!r} (set model.rollout.engine: vllm_server, model.rollout.schedule: "
+                      "sync, or trainer.devices and trainer.num_nodes to 1)")
     return errors

@@ -17,9 +17,10 @@ Everything runs in the main process (``num_workers=0``): the engine's model must
 processes.
 
 On several processes (DDP, FSDP) ``prompts_per_step`` counts the whole step: every rank
-walks the same prompt order and takes every ``world``-th prompt of each step from its
-rank on (``distributed.rank_share``), so ranks see disjoint prompts, each group (all K
-responses) stays on the rank that generated it, and each rank keeps its own buffer. A
+walks the same prompt order and trains on every ``world``-th prompt's group of each step from its
+rank on (``distributed.rank_share``; the rollout source rolls them out on that rank, or on rank 0
+for every rank with the async schedule), so ranks see disjoint prompts, each group (all K
+responses) stays whole on one rank, and each rank keeps its own buffer. A
 buffer file is split the same way; an offline fill is gathered back, in the order one
 process would have written it, into one ``behavior_buffer.jsonl``.
 """
@@ -307,9 +308,9 @@ class PromptGroupDataModule(L.LightningDataModule):
         return rows
 
     def step_prompts(self) -> list[PromptRow]:
-        """This rank's share of the next step's prompts."""
-        rank, world_size = world()
-        return rank_share(self.next_prompts(self.prompts_per_step), rank, world_size)
+        """The next step's prompts, every rank's (the rollout source decides which rank rolls out which:
+        :mod:`~ggpo_lightning.rollouts.source`)."""
+        return self.next_prompts(self.prompts_per_step)
 
     def next_batch(self) -> TrainingBatch:
         """This rank's share of one optimizer step's prompt groups, after adding the fresh ones (online), or filling

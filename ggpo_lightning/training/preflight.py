@@ -176,11 +176,11 @@ def _processes(trainer: dict[str, Any]) -> int:
 
 def _check_processes(config: dict[str, Any]) -> None:
     """``model.rollout.schedule: async`` with what it does not run with (its own settings: ``RolloutConfig.errors``):
-    several processes, offline data."""
+    several processes on an engine of their own, offline data."""
     rollout = config["model"].get("rollout") or {}
     processes = _processes(config.get("trainer") or {})
     if rollout.get("schedule") == "async":
-        errors = async_run_errors(config["data"].get("mode") or "online", processes)
+        errors = async_run_errors(config["data"].get("mode") or "online", processes, rollout.get("engine") or "hf")
         if errors:
             raise SettingsError(errors[0])
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import ggpo_lightning.rollouts.source as source_module
 import ggpo_lightning.training.data as data_module
 from ggpo_lightning.records.buffer import BehaviorBuffer
 from ggpo_lightning.training.data import PromptGroupDataModule
@@ -90,7 +91,10 @@ def _datamodule(tmp_path, **kwargs) -> PromptGroupDataModule:
 
 
 def _as_rank(monkeypatch, rank: int, world_size: int) -> None:
+    """This process plays ``rank`` of ``world_size`` to the DataModule and the rollout source that shares the step's
+    prompts (their cross-rank agreement stays a single process's: no collective)."""
     monkeypatch.setattr(data_module, "world", lambda: (rank, world_size))
+    monkeypatch.setattr(source_module, "world", lambda: (rank, world_size))
 
 
 def test_online_ranks_roll_out_disjoint_shares_of_each_step(tmp_path, monkeypatch):

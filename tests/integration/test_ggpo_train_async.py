@@ -44,7 +44,8 @@ def test_an_async_run_trains_within_the_staleness_bound_and_logs_its_waits(tmp_p
 @pytest.mark.parametrize("field,value,match", [
     ("--model.rollout.max_staleness", "-1", "model.rollout.max_staleness must be >= 0"),
     ("--data.mode", "offline", "model.rollout.schedule: async needs data.mode: online"),
-    ("--trainer.devices", "2", "model.rollout.schedule: async runs on one process"),
+    ("--trainer.devices", "2", r"model.rollout.schedule: async on several processes \(2\) needs "
+                               r"model.rollout.engine: vllm_server .* got engine: 'hf'"),
     ("--model.rollout.engine", "vllm", "async with model.rollout.engine: vllm would run vLLM in the trainer "
                                        "process"),
 ])

@@ -57,15 +57,23 @@ def test_a_changed_base_unsyncs_the_serving_servers_only():
     assert [s.state for s in servers] == [S.UNSYNCED, S.UNSYNCED, S.OUT, S.BACK]
 
 
-def test_another_rank_pushing_makes_every_answering_server_serve():
-    servers = [server(state) for state in (S.UNSYNCED, S.SERVING, S.BACK, S.OUT)]
-    for s in servers:
-        s.pushed_elsewhere()
-    assert [s.state for s in servers] == [S.SERVING, S.SERVING, S.SERVING, S.OUT]
+def test_another_rank_follows_rank_0s_push_outcome_whatever_it_saw_itself():
+    """Rank 0 is the one that pushed: a server it reached serves on every rank (even one this rank saw fail: its
+    failure predates the push), a server it did not reach is out on every rank, with rank 0's error."""
+    states = (S.UNSYNCED, S.SERVING, S.BACK, S.OUT)
+    reached = [server(state) for state in states]
+    for s in reached:
+        s.last_error = "an old error"
+        s.follow_rank0(True, None)
+    assert [s.state for s in reached] == [S.SERVING] * 4 and all(s.last_error is None for s in reached)
+    lost = [server(state) for state in states]
+    for s in lost:
+        s.follow_rank0(False, "ConnectionError: refused")
+    assert [s.state for s in lost] == [S.OUT] * 4 and {s.last_error for s in lost} == {"ConnectionError: refused"}
 
 
 @pytest.mark.parametrize("state, transition", [(S.OUT, "begin_push"), (S.SERVING, "answers_again"),
-                                               (S.UNSYNCED, "pushed"), (S.PUSHING, "pushed_elsewhere")])
+                                               (S.UNSYNCED, "pushed"), (S.PUSHING, "weights_changed")])
 def test_a_transition_the_table_does_not_name_is_a_bug(state, transition):
     s = server(state)
     with pytest.raises(RuntimeError, match=f"no transition {transition!r} from {state.value!r}"):

@@ -20,7 +20,8 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   engine (``WeightTransferTrainerFactory``: start, update while broadcasting, finish; backend ``nccl`` on GPUs, the
   package's ``ggpo_gloo`` elsewhere), ``/update_weight_version``, ``/resume``. Names are the Hugging Face model's,
   tensors in the serving dtype. With several trainer ranks every rank takes part in the gathers and rank 0 pushes;
-  the others wait at a barrier.
+  then every rank learns from rank 0 which servers hold the push (the others are out on every rank) and which
+  adapter requests name, or the error that ended the push, raised on every rank (:class:`PushOutcome`).
 - **Faults.** A request that fails (refused, ``request_timeout``, an HTTP error) takes its server out (named once in
   the log) and is retried on the others with backoff. A server out is probed at every push and at every retry; once
   it answers it is put back, and it is used again only after it received the weights of a push (its version
@@ -40,6 +41,7 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -52,6 +54,7 @@ from typing import Any
 import torch
 
 from ggpo_lightning.core.distributed import all_gather_objects, world
+from ggpo_lightning.core.rank_agreement import from_rank0
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.records.errors import RunAborted
 from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
@@ -69,6 +72,18 @@ REQUEST_THREADS = 64
 """Requests in flight at once (one prompt each); vLLM batches them on the servers."""
 IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
 """``model.rollout.in_flight_updates`` -> vLLM's ``/pause`` mode around a push."""
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What every trainer rank learns from rank 0 after a push (:meth:`VLLMServerEngine.load_weights`)."""
+
+    serving: list[str]
+    """The URLs of the servers that hold the push: the only ones any rank sends requests to."""
+    adapter: tuple[str, int] | None
+    """The LoRA adapter requests name, and its version (None: the base model)."""
+    errors: dict[str, str]
+    """Each server's last error, for the messages that name it."""
 
 
 class ServersUnavailable(RunAborted):
@@ -114,8 +129,8 @@ class VLLMServerEngine(VLLMSampler):
             runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
 
-    With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank waits at a
-    barrier after a push.
+    With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank follows its
+    outcome (:meth:`load_weights`).
     """
 
     def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
@@ -209,28 +224,34 @@ class VLLMServerEngine(VLLMSampler):
 
     def load_weights(self, learner: Weights, version: int) -> None:
         """Push the learner's weights, tagged ``version``, to every server that answers (see the module docstring).
+        On several trainer processes every rank takes part in the gathers, rank 0 pushes, and every rank learns from
+        rank 0 which servers took the push and which adapter requests name (:class:`PushOutcome`), or rank 0's
+        error, raised on every rank (:func:`~ggpo_lightning.core.rank_agreement.from_rank0`).
 
         Raises:
-            ServersUnavailable: no server took them for ``server_timeout`` seconds.
+            ServersUnavailable: no server took them for ``server_timeout`` seconds (on every rank).
         """
         start = time.perf_counter()
-        rank, processes = world()
         if isinstance(learner, AdapterWeights):
-            self._publish_adapter(learner, version, rank)
-        else:
-            source = self._source(learner)
-            if rank == 0:
-                self._push_all(source, version)
-            self._base_revision = 0 if self._base_revision is None else self._base_revision
+            push = functools.partial(self._publish_adapter, learner, version)
+        else:  # the source on every rank: the gathers of sharded weights are collectives
+            push = functools.partial(self._push_all, self._source(learner), version)
+        outcome = from_rank0(lambda: self._pushed_by_rank0(push))
         with self._lock:
             self.version = version
-            if rank != 0:  # rank 0 pushed; its failures are its own to handle, the tags tell the truth
+            self._adapter = outcome.adapter
+            if world()[0] != 0:
                 for server in self.servers:
-                    server.pushed_elsewhere()
-        if processes > 1:
-            torch.distributed.barrier()
-        with self._lock:
+                    server.follow_rank0(server.url in outcome.serving, outcome.errors.get(server.url))
             self.counts.push_seconds += time.perf_counter() - start
+
+    def _pushed_by_rank0(self, push: Callable[[], None]) -> list[PushOutcome]:
+        """Rank 0: ``push``, then its outcome for every rank."""
+        push()
+        with self._lock:
+            outcome = PushOutcome([s.url for s in self.servers if s.usable], self._adapter,
+                                  {s.url: s.last_error for s in self.servers if s.last_error})
+        return [outcome] * world()[1]
 
     def _complete(self, prompt_ids: list[list[int]], params: list[dict[str, Any]]) -> list[Generation]:
         """The requests sent at once (up to :data:`REQUEST_THREADS` in flight), spread over the servers."""
@@ -343,7 +364,7 @@ class VLLMServerEngine(VLLMSampler):
     def _source(self, weights: Weights) -> PushedWeights:
         return PushedWeights([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
 
-    def _publish_adapter(self, weights: AdapterWeights, version: int, rank: int) -> None:
+    def _publish_adapter(self, weights: AdapterWeights, version: int) -> None:
         """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
         requests still in flight), after the base where a server lacks it: a new or re-synced server, or every
         server once a refresh merged an adapter into the base (pushed with ``/pause?mode=wait``: the requests in
@@ -362,8 +383,6 @@ class VLLMServerEngine(VLLMSampler):
                 for server in self.servers:
                     server.weights_changed()
             self._base_revision = weights.base_revision
-        if rank != 0:
-            return
         name, folder = f"v{version}", self.adapter_dir / f"v{version}"
         weights.save(folder)
         self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
@@ -389,7 +408,9 @@ class VLLMServerEngine(VLLMSampler):
             self._fail(server, error)
 
     def _push_all(self, source: PushedWeights, version: int) -> None:
+        """The whole model to every server (a LoRA run's first push: the base the adapters apply to)."""
         self._to_every_server(lambda server: self._push(server, source, version))
+        self._base_revision = 0 if self._base_revision is None else self._base_revision
 
     def _to_every_server(self, push: Callable[[FleetServer], None]) -> None:
         """``push`` to every server that answers (each failure takes its server out), until at least one holds the

@@ -5,7 +5,7 @@
     unsynced --begin_push--> pushing --pushed--> serving --begin_push--> pushing ...
     serving --weights_changed--> unsynced                 (a LoRA run's base changed: push it again)
     any --failed--> out --answers_again--> back --begin_push--> resyncing --pushed--> serving (a re-sync)
-    unsynced | serving | back --pushed_elsewhere--> serving   (another trainer rank pushed to it)
+    any --rank0_pushed--> serving, any --rank0_lost--> out     (trainer rank 0 pushed: its outcome, on the other ranks)
 
 Requests go to ``serving`` servers only. A server is *in the fleet* (:attr:`FleetServer.in_fleet`) while it answers
 and was not taken out since its last push (``unsynced``, ``pushing``, ``serving``). A transition the table does not
@@ -44,7 +44,8 @@ TRANSITIONS: dict[str, dict[ServerState, ServerState]] = {
     "failed": {state: S.OUT for state in S},
     "answers_again": {S.OUT: S.BACK},
     "weights_changed": {S.SERVING: S.UNSYNCED, S.UNSYNCED: S.UNSYNCED, S.OUT: S.OUT, S.BACK: S.BACK},
-    "pushed_elsewhere": {S.UNSYNCED: S.SERVING, S.SERVING: S.SERVING, S.BACK: S.SERVING, S.OUT: S.OUT},
+    "rank0_pushed": {state: S.SERVING for state in S},
+    "rank0_lost": {state: S.OUT for state in S},
 }
 """For each transition, the state it leads to from each state it may start in."""
 
@@ -106,9 +107,15 @@ class FleetServer:
         """The weights it holds are no longer the run's (a LoRA run's base changed): push it again before use."""
         self._go("weights_changed")
 
-    def pushed_elsewhere(self) -> None:
-        """Another process (trainer rank 0) pushed the latest weights to the fleet: use it, unless it is out."""
-        self._go("pushed_elsewhere")
+    def follow_rank0(self, holds_push: bool, error: str | None) -> None:
+        """Trainer rank 0 pushed to the fleet (this is another rank): the server is used when rank 0's push reached
+        it, else it is out with rank 0's ``error`` (probed, and used again after a later push that reaches it)."""
+        if holds_push:
+            self._go("rank0_pushed")
+            self.last_error = None
+        else:
+            self._go("rank0_lost")
+            self.last_error = error or "rank 0's weight push did not reach it"
 
     def _go(self, transition: str) -> None:
         target = TRANSITIONS[transition].get(self.state)
