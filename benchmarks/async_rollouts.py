@@ -6,7 +6,7 @@
 
 Each run is ``ggpo-train --config recipes/quickstart.yaml`` (GGPO, or GRPO with
 ``recipes/baselines/grpo.yaml``), ``model.rollout.schedule`` ``sync`` or ``async``
-(``recipes/overlays/async.yaml``: ``max_staleness`` 1), one torch thread per Python thread, in a
+(``recipes/overlays/async.yaml``: ``max_staleness`` = ``sync_every`` = 1), one torch thread per Python thread, in a
 fresh process, one run at a time, with held-out accuracy (greedy pass@1, the quickstart's
 512 sums) every ``--val-every`` steps. The clock is the training loop's: it starts after
 the starting model's evaluation and leaves out the held-out evaluations themselves (the

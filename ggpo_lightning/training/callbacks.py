@@ -155,11 +155,12 @@ class RunSummary(L.Callback):
         and the ``checkpoint`` to resume from; no final evaluation or export. Every rank calls it (the sample
         count is summed); rank 0 writes."""
         generated = self._generated(pl_module)
+        run_dir = self.run_dir(trainer)  # on every rank: trainer.log_dir is a collective (a broadcast from rank 0)
         if not trainer.is_global_zero:
             return
         summary = {**self._common(trainer, pl_module, status, generated), "reason": reason,
                    "checkpoint": None if checkpoint is None else str(checkpoint)}
-        self._write(self.run_dir(trainer), summary)
+        self._write(run_dir, summary)
 
     def _common(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str, generated: int) -> dict:
         return {

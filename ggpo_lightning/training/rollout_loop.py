@@ -6,8 +6,8 @@ is here, and nowhere else in the glue:
 
 - made from ``model.rollout`` with the module's :class:`~ggpo_lightning.rollouts.group.GroupRollout` and the
   learner's weights as the engine loads them;
-- at ``setup``: refused for a run its schedule does not take (``data.mode``, processes), connected to the
-  DataModule's prompt stream (:meth:`~ggpo_lightning.training.data.PromptGroupDataModule.step_prompts`), and given to
+- at ``setup``: refused for a run its schedule does not take (``data.mode``, processes with an engine of their own),
+  connected to the DataModule's prompt stream (every rank's prompts of each step: the source splits them) (:meth:`~ggpo_lightning.training.data.PromptGroupDataModule.step_prompts`), and given to
   the DataModule, which draws each step's fresh groups from it;
 - after every ``model.rollout.sync_every``-th update: the learner's weights published to the engine, tagged with the
   step (the staleness schedule);

@@ -36,6 +36,12 @@ class SampleLog(L.Callback):
         if groups < 1:
             raise SettingsError(f"samples.groups must be >= 1, got {groups}")
         self.every_n_steps, self.groups = every_n_steps, groups
+        self.run_dir: Path | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # here, on every rank: trainer.log_dir is a collective (a broadcast from rank 0) that rank 0 alone must not
+        # call mid-run, where the other ranks wait in another collective
+        self.run_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -46,9 +52,8 @@ class SampleLog(L.Callback):
         rows = [{"step": step, "prompt_id": g.prompt_id, "prompt": g.prompt, "response": response,
                  "reward": float(reward), "length": len(ids)}
                 for g in groups[:self.groups] for response, reward, ids in zip(g.responses, g.rewards, g.response_ids)]
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with (run_dir / SAMPLES_FILE).open("a", encoding="utf-8") as f:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / SAMPLES_FILE).open("a", encoding="utf-8") as f:
             f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         for logger in trainer.loggers:
             _show(logger, rows, step)

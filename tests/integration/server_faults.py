@@ -1,6 +1,6 @@
 """Faults of a vLLM server fleet mid-run, for the server tests: a callback importable by class path
 (``server_faults.KillServers``) that kills servers of the fleet the test registered (:data:`FLEET`) after one update
-and starts them again after another. In-process runs only (the fleet is the test's)."""
+and starts them again after another; a run in another process names the servers' process groups instead."""
 
 from __future__ import annotations
 
@@ -14,16 +14,20 @@ FLEET = None
 
 
 class KillServers(L.Callback):
-    """kill -9 servers ``indices`` (their process groups) after update ``kill_step``; start them again on their ports
-    after update ``restart_step`` (waits until they answer; -1: never)."""
+    """kill -9 servers ``indices`` of :data:`FLEET` (their process groups), or the process groups ``pids`` (a run in
+    another process, where :data:`FLEET` is not set), after update ``kill_step``; start :data:`FLEET`'s again on their
+    ports after update ``restart_step`` (waits until they answer; -1: never). On the run's first process only."""
 
-    def __init__(self, indices: list[int], kill_step: int, restart_step: int = -1) -> None:
-        self.indices, self.kill_step, self.restart_step = indices, kill_step, restart_step
+    def __init__(self, indices: list[int] = (), kill_step: int = 0, restart_step: int = -1,
+                 pids: list[int] = ()) -> None:
+        self.indices, self.kill_step, self.restart_step, self.pids = list(indices), kill_step, restart_step, list(pids)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if not trainer.is_global_zero:
+            return
         if trainer.global_step == self.kill_step:
-            for i in self.indices:
-                os.killpg(FLEET.servers[i].pid, signal.SIGKILL)
+            for pid in self.pids or [FLEET.servers[i].pid for i in self.indices]:
+                os.killpg(pid, signal.SIGKILL)
         if trainer.global_step == self.restart_step:
             for i in self.indices:
                 FLEET.restart(i)

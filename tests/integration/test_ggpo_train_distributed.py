@@ -259,6 +259,27 @@ def test_online_ranks_roll_out_disjoint_prompts_with_the_engine_synced_every_upd
     assert summary["generated_samples"] == 2 * PROMPTS * 8  # both ranks' samples, counted once each
 
 
+def test_a_rollout_that_fails_on_one_rank_stops_every_rank_with_one_line(workload):
+    """Rank 1's rollout of step 3 raises a deliberate stop (as when it finds no server): rank 0 stops at the same
+    point instead of waiting in the step's all-reduce; each rank saves its part of aborted.ckpt and prints the same
+    one line; exit 1 (the run bounded by the subprocess's timeout)."""
+    message = "no vLLM server usable for model.rollout.server_timeout=5 s (http://a: refused)"
+    fail = json.dumps({"class_path": "rank_faults.FailingRollout", "init_args": {"rank": 1, "call": 3,
+                                                                                 "message": message}})
+    arguments, env = command(workload, "rank-fails", *FSDP, overrides=(
+        "--data.mode", "online", "--data.buffer_path", "null", "--data.buffer_draw", "null",
+        "--model.rollout.sync_every", "1", "--trainer.max_steps", "4", "--trainer.callbacks+", fail))
+    result = subprocess.run([sys.executable, "-m", "ggpo_lightning.cli.train", *arguments], env=env,
+                            cwd=workload.root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-5000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ggpo-train: aborted: ")]
+    assert lines == [f"ggpo-train: aborted: {message}"] * 2, result.stderr[-5000:]
+    run = workload.root / "rank-fails" / "run" / "version_0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "aborted" and summary["optimizer_steps"] == 2 and summary["reason"] == message
+    assert (run / "checkpoints" / "aborted.ckpt").is_dir()  # FSDP2: one shard per rank and meta.pt
+
+
 def test_an_offline_fill_on_two_processes_saves_one_file_in_prompt_order(workload):
     """Each rank rolls out its share of the prompts; rank 0 writes them all, in one process's order."""
     fill = ("--data.mode", "offline", "--data.buffer_path", "null", "--data.offline_prompts", "8",

@@ -146,6 +146,59 @@ def test_two_fsdp_processes_share_the_servers(quickstart, fleet):
     assert all(float(r["train/staleness"]) == 0 for r in metrics if r.get("train/staleness"))
 
 
+def two_processes(quickstart: Path, name: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``ggpo-train`` on the FSDP recipe's two processes, under the quickstart's folder, as ``runs/NAME``; a run that
+    has not ended after ``timeout`` seconds fails the test (its process group killed)."""
+    command = [sys.executable, "-m", "ggpo_lightning.cli.train", "--config", str(FSDP), "--data.val_size", "16",
+               "--trainer.logger.init_args.name", name, *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parent)}  # server_faults
+    process = subprocess.Popen(command, cwd=quickstart, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the two-process run {name} did not end within {timeout:g} s; its stderr ends:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def test_two_fsdp_processes_generate_asynchronously_on_the_servers(quickstart, fleet):
+    """The async schedule on two trainer processes: rank 0's producer rolls out every rank's share on both servers
+    while the learner trains; pushes every 2 updates, so responses are up to 2 updates stale."""
+    result = two_processes(quickstart, "async-2proc", "--config", str(ASYNC), "--model.rollout.sync_every", "2",
+                           "--model.rollout.max_staleness", "2", "--trainer.max_steps", "8",
+                           "--trainer.val_check_interval", "8", *servers(fleet), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = quickstart / "runs" / "async-2proc" / "version_0"
+    metrics = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert json.loads((run_dir / "summary.json").read_text())["optimizer_steps"] == 8
+    assert trained(metrics, "train/servers_alive") == [2.0] * 8
+    assert trained(metrics, "train/verifier/total") == [16 * 8.0] * 8  # the whole step's responses, every step
+    staleness = trained(metrics, "train/staleness_max")
+    assert max(staleness) >= 1 and max(staleness) <= 2, staleness  # stale responses, within the bound
+
+
+def test_two_processes_with_every_server_gone_end_together(quickstart, fleet):
+    """Both servers killed after update 2 of an async run on two processes: every process ends within
+    server_timeout plus a bounded margin, exits non-zero with the same one line, and aborted.ckpt is saved."""
+    kill = json.dumps({"class_path": "server_faults.KillServers",
+                       "init_args": {"pids": [server.pid for server in fleet.servers], "kill_step": 2}})
+    try:
+        result = two_processes(quickstart, "gone-2proc", "--config", str(ASYNC), "--model.rollout.sync_every", "2",
+                               "--model.rollout.max_staleness", "2", "--trainer.max_steps", "12",
+                               "--trainer.val_check_interval", "12", "--model.rollout.server_timeout", "5",
+                               "--trainer.callbacks+", kill, *servers(fleet), timeout=300)
+    finally:
+        fleet.restart(0)
+        fleet.restart(1)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ggpo-train: aborted: ")]
+    assert len(lines) == 2 and lines[0] == lines[1], result.stderr[-3000:]  # one line from each process
+    assert all(url in lines[0] for url in fleet.urls) and "model.rollout.server_timeout=5 s" in lines[0]
+    assert (quickstart / "runs" / "gone-2proc" / "version_0" / "checkpoints" / "aborted.ckpt").exists()
+
+
 def test_local_servers_start_with_the_run_and_stop_with_it(quickstart, monkeypatch):
     """``servers: local`` starts one server of the run's model (its log in the run's folder) and stops it at the end;
     with ``server_logprobs: false`` (servers that give none) GGPO trains the same, without the drift columns."""
