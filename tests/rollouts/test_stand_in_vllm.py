@@ -71,8 +71,9 @@ def test_pause_wait_returns_once_the_requests_in_flight_finished(stand_in_vllm):
     thread, out = in_background(lambda: generate(stand_in_vllm.url, [5]))
     until(lambda: stand_in_vllm.held)
     requests.post(stand_in_vllm.url + "/pause", params={"mode": "wait"}, timeout=5).raise_for_status()
-    assert out and out[0].json()["choices"][0]["finish_reason"] == "stop"
+    assert not stand_in_vllm.held, "pause(wait) returned with a request in flight"
     thread.join(5)
+    assert out[0].json()["choices"][0]["finish_reason"] == "stop"
 
 
 @pytest.mark.parametrize("abort", ["/abort_requests", "/pause?mode=abort"])
