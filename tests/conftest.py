@@ -4,6 +4,7 @@ import importlib.util
 import os
 
 import pytest
+from stand_in_vllm import stand_in_vllm  # noqa: F401 - the fixture, for every test folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
