@@ -129,8 +129,9 @@ def test_under_fsdp2_the_estimate_counts_the_hf_engines_own_copy(tmp_path, qwen3
 
 FLEET_RECIPE = RECIPES / "qwen3-1.7b-math-fleet.yaml"
 FLEET_FALLBACK = ("--model.rollout.engine", "hf", "--model.rollout.servers", "null",
-                  "--model.rollout.server_devices", "null")
-"""The fleet recipe without vLLM: the HF engine on the training GPUs (the server keys belong to vllm_server)."""
+                  "--model.rollout.server_devices", "null", "--model.rollout.schedule", "sync")
+"""The fleet recipe without vLLM: the HF engine on the training GPUs (the server keys belong to vllm_server; async on
+several processes needs the servers)."""
 
 
 def test_the_fleet_recipe_serves_on_gpus_of_its_own_one_server_each():
@@ -153,9 +154,11 @@ def test_the_fleet_recipe_serves_on_gpus_of_its_own_one_server_each():
 
 
 def test_the_fleet_recipe_trains_what_the_8gpu_recipe_trains():
-    """Only where it runs differs from qwen3-1.7b-math-8gpu: devices, the engine and its servers, the micro-batch
-    budget (no vLLM share on the training GPUs) and the run's name."""
+    """Only where and when it generates differs from qwen3-1.7b-math-8gpu: devices, the engine and its servers, the
+    schedule (async: the servers generate while the learner trains), the micro-batch budget (no vLLM share on the
+    training GPUs) and the run's name."""
     fleet, eight = (yaml.safe_load(p.read_text()) for p in (FLEET_RECIPE, RECIPES / "qwen3-1.7b-math-8gpu.yaml"))
+    assert fleet["model"]["rollout"].pop("schedule") == "async" and "schedule" not in eight["model"]["rollout"]
     for recipe in (fleet, eight):
         recipe["model"].pop("micro_batch")
         rollout = recipe["model"]["rollout"]
@@ -172,5 +175,6 @@ def test_without_vllm_the_fleet_recipe_names_the_engine_and_its_fallback_runs(tm
     with pytest.raises(SettingsError, match=r"^model\.rollout\.engine: vllm_server needs vLLM"):
         run_training(recipe_args(tmp_path, qwen3_model_dir, recipe=FLEET_RECIPE))
     assert not loads
-    with pytest.raises(WeightsLoaded):  # the fallback the recipe documents passes the preflight
-        run_training(recipe_args(tmp_path, qwen3_model_dir, *FLEET_FALLBACK, recipe=FLEET_RECIPE))
+    with pytest.raises(WeightsLoaded):  # the fallback the recipe documents passes the preflight on several processes
+        run_training(recipe_args(tmp_path, qwen3_model_dir, *FLEET_FALLBACK, "--trainer.devices", "2",
+                                 recipe=FLEET_RECIPE))
