@@ -138,3 +138,12 @@ def test_the_transfer_records_a_shutdown_in_the_middle_of_a_push(stand_in_vllm):
     transfer.shutdown()
     thread.join(5)
     assert transfer.shut_down_while_sending
+
+
+def test_a_request_that_arrived_while_paused_is_aborted_too(stand_in_vllm):
+    requests.post(stand_in_vllm.url + "/pause", params={"mode": "keep"}, timeout=5).raise_for_status()
+    thread, out = in_background(lambda: generate(stand_in_vllm.url, [5]))
+    until(lambda: stand_in_vllm.queued)
+    requests.post(stand_in_vllm.url + "/abort_requests", json={}, timeout=5).raise_for_status()
+    thread.join(5)
+    assert out[0].json()["choices"][0]["finish_reason"] == "abort"
