@@ -6,7 +6,8 @@ Contract: runs one server (:func:`~ggpo_lightning.rollouts.fleet.launcher.serve_
 SIGINT or SIGTERM stops the server with all its processes and exits 0; a server that ends by itself makes this
 command say so on one line and exit with its code (128 + N for signal N). Without vLLM, or with a vLLM argument the
 trainer owns, it prints one line and exits 2. The server runs in its own process group, so that a terminal's Ctrl-C
-reaches it once, through this command; a SIGKILL of this command leaves it running.
+reaches it once, through this command; if this command dies without stopping it (``kill -9``), a watcher process
+ends the server's whole group (:mod:`~ggpo_lightning.rollouts.fleet.reaper`).
 """
 
 from __future__ import annotations

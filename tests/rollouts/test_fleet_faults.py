@@ -265,3 +265,45 @@ def test_a_changed_base_unloads_the_old_adapters_before_the_server_serves_again(
     assert a.calls.index("/v1/unload_lora_adapter") < len(a.calls) - len(calls), "unloaded after the new base"
     assert greedy_versions(engine, 2) == [[3, 3]] * 2
     engine.close()
+
+
+# ---------------------------------------------------------------------- item 4: local servers supervised
+
+
+class StandInFleet:
+    """``LocalFleet`` standing in, over stand-in servers: ``revive`` restarts the ones killed."""
+
+    def __init__(self, servers: list[StandInVLLM]) -> None:
+        self.servers, self.log_dir = servers, None
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    def start(self) -> None:
+        pass
+
+    def revive(self) -> list[int]:
+        dead = [i for i, server in enumerate(self.servers) if server.dead]
+        for i in dead:
+            self.servers[i].restart()
+        return dead
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_crashed_local_server_is_started_again_re_synced_and_counted(servers, tmp_path):
+    a, b = servers[:2]
+    engine = VLLMServerEngine([], tokenizer(), dtype=None, record_logprobs=False, fleet=StandInFleet([a, b]),
+                              transfer_init=StandInTransfer)
+    engine.start(tmp_path)
+    engine.load_weights([], version=1)
+    a.kill()
+    assert greedy_versions(engine, 4) == [[1, 1]] * 4  # B answers
+    engine.take_metrics()
+    engine.load_weights([], version=2)
+    metrics = engine.take_metrics()
+    assert (metrics["server_restarts"], metrics["server_resyncs"], metrics["servers_alive"]) == (1, 1, 2)
+    assert a.version == "2"
+    engine.close()

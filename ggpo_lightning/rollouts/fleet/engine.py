@@ -29,7 +29,10 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   again. A push that fails takes its server out without ``/resume`` (its model may be half loaded), and aborts the
   requests it holds (``/abort_requests``) so that they are sent elsewhere at once. A request failure never shuts
   down a transfer: only the pushing thread drops it. A server out is probed at every push; once it answers it is put
-  back, and it is used again only after it received the whole of a push (its version restarted with it). Requests
+  back, and it is used again only after it received the whole of a push (its version restarted with it). A local
+  server (``servers: local``) whose process ended is started again at the next push (up to ``MAX_RESTARTS`` times,
+  :mod:`~ggpo_lightning.rollouts.fleet.launcher`), and re-synced once it answers. Local servers die with the trainer,
+  however it dies (:mod:`~ggpo_lightning.rollouts.fleet.reaper`). Requests
   with no usable server wait on the engine's condition, which a push or a re-sync wakes. Each server's state and
   its transitions: :mod:`~ggpo_lightning.rollouts.fleet.server_state`. With no server usable for ``server_timeout``
   seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
@@ -129,6 +132,8 @@ class ServerCounts:
     """Requests sent again after their server failed."""
     resyncs: int = 0
     """Servers that came back and received the weights."""
+    restarts: int = 0
+    """Local servers (``servers: local``) started again after they crashed."""
     push_seconds: float = 0.0
     """Seconds of weight pushes (all servers)."""
 
@@ -145,7 +150,7 @@ class VLLMServerEngine(VLLMSampler):
         server_timeout: seconds without any usable server before :class:`ServersUnavailable`.
         in_flight_updates: ``keep`` or ``drain`` (``/pause`` mode around a push).
         fleet: local servers to start at :meth:`start` and stop at :meth:`close` (``servers: local:N``); their URLs
-            are then the engine's.
+            are then the engine's, and the ones that crashed are started again at each push (``fleet.revive()``).
         lora_rank: a LoRA run's adapter rank: publish adapters (:attr:`publishes_adapters`); the servers must take
             runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
@@ -231,12 +236,13 @@ class VLLMServerEngine(VLLMSampler):
             self.fleet.stop()
 
     def take_metrics(self) -> dict[str, float]:
-        """``servers_alive`` (:attr:`alive`), and since the last call ``server_retries``, ``server_resyncs`` and
-        ``weight_push_seconds`` (a step's metrics)."""
+        """``servers_alive`` (:attr:`alive`), and since the last call ``server_retries``, ``server_resyncs``,
+        ``server_restarts`` and ``weight_push_seconds`` (a step's metrics)."""
         with self._lock:
             counts, self.counts = self.counts, ServerCounts()
         return {"servers_alive": float(self.alive), "server_retries": float(counts.retries),
-                "server_resyncs": float(counts.resyncs), "weight_push_seconds": counts.push_seconds}
+                "server_resyncs": float(counts.resyncs), "server_restarts": float(counts.restarts),
+                "weight_push_seconds": counts.push_seconds}
 
     @property
     def alive(self) -> int:
@@ -415,7 +421,12 @@ class VLLMServerEngine(VLLMSampler):
                             server.url, short_error(error))
 
     def _probe(self) -> None:
-        """Put back the servers that answer ``/health`` again (used once re-synced)."""
+        """Start again the local servers that crashed (``servers: local``), and put back the servers that answer
+        ``/health`` again (used once re-synced)."""
+        if self.fleet is not None:
+            restarted = len(self.fleet.revive())
+            with self._lock:
+                self.counts.restarts += restarted
         for server in self.servers:
             if server.answering:
                 continue
