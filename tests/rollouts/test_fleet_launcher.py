@@ -354,6 +354,47 @@ def test_a_fleet_revives_a_crashed_server_on_its_port_a_bounded_number_of_times(
     assert fleet.revive() == []
 
 
+SERVE = textwrap.dedent("""
+    import sys
+    from ggpo_lightning.rollouts import config
+    from ggpo_lightning.rollouts.fleet import launcher
+    stand_in, port = sys.argv[1], sys.argv[2]
+    config.vllm_available = lambda: True
+    launcher.serve_command = lambda model, port, **settings: [sys.executable, "-c", stand_in, "serve", str(port)]
+    from ggpo_lightning.cli.main import main
+    main(["serve", "m", "--port", port])
+""")
+"""``ggpo serve`` with the stand-in server for vLLM's."""
+
+
+def _announced(command: subprocess.Popen) -> str:
+    """The next line of ``ggpo serve``'s own on its stdout (the server's output is there too)."""
+    for line in command.stdout:
+        if line.startswith("ggpo serve:"):
+            return line
+    return ""
+
+
+def test_ggpo_serve_starts_its_server_again_when_it_crashes_and_takes_it_along_when_killed(tmp_path):
+    port = launcher.free_ports("127.0.0.1", 1)[0]
+    command = subprocess.Popen([sys.executable, "-c", SERVE, STAND_IN, str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert _announced(command).startswith(f"ggpo serve: http://127.0.0.1:{port} serving m")
+        pgid = _server_group(command.pid)
+        os.killpg(pgid, signal.SIGKILL)  # the server crashes
+        assert command.stderr.readline() == ("ggpo serve: the vLLM server exited with code -9; starting it again "
+                                             f"(1 of {launcher.MAX_RESTARTS})\n")
+        assert _announced(command).startswith(f"ggpo serve: http://127.0.0.1:{port} serving m")
+        pgid = _server_group(command.pid)
+        os.kill(command.pid, signal.SIGKILL)  # and ggpo serve is killed
+        command.wait(10)
+        assert _until_empty(lambda: _group_processes(pgid)) == [], "the server outlived ggpo serve"
+    finally:
+        if command.poll() is None:
+            command.kill()
+
+
 # ----------------------------------------------------------------------------- ggpo serve without a server
 
 
