@@ -98,9 +98,9 @@ class RequestRejected(ValueError):
     run, not of the server, raised at once."""
 
 
-class RequestFailed(RuntimeError):
-    """A request failed on :data:`REQUEST_ATTEMPTS` servers in turn, or its reply could not be read: the run's error,
-    one line naming the request (not "no server usable")."""
+class RequestFailed(RunAborted):
+    """A request failed on :data:`REQUEST_ATTEMPTS` servers in turn, or its reply could not be read: the run's error
+    (it stops with ``aborted.ckpt``), one line naming the request (not "no server usable")."""
 
 
 class ServerAnswered(RuntimeError):
