@@ -507,3 +507,31 @@ def _server_group(parent: int) -> int:
     servers = [c for c in children if b"reaper.py" not in Path(f"/proc/{c}/cmdline").read_bytes()]
     assert len(servers) == 1, children
     return os.getpgid(servers[0])
+
+
+FLEET_TRAINER = textwrap.dedent("""
+    import sys, time
+    from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
+    model, log_dir, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    fleet = LocalFleet(model, 1, log_dir=log_dir, dtype="float32", extra_args=args, start_timeout=240)
+    fleet.start()
+    print(fleet.servers[0].pid, flush=True)
+    time.sleep(600)
+""")
+"""A trainer standing in, with a real local server: vLLM's own process tree (API server, engine core, worker)."""
+
+
+@pytest.mark.vllm
+def test_kill_9_of_a_trainer_leaves_no_vllm_process_behind(tmp_path, wide_tiny_model_dir, real_servers):
+    trainer = subprocess.Popen([sys.executable, "-c", BACKEND_PATCH + FLEET_TRAINER, str(wide_tiny_model_dir),
+                                str(tmp_path / "run"), *SMALL_SERVER], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        pgid = int(trainer.stdout.readline())
+        assert len(_group_processes(pgid)) >= 2, "vLLM's server started no child: nothing to check"
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        assert _until_empty(lambda: _group_processes(pgid)) == [], "a vLLM process outlived its trainer"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
