@@ -30,7 +30,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -383,6 +383,29 @@ class StandInTransfer:
 
     def _post(self, route: str, body: Any) -> None:
         requests.post(self.url + route, json=body, timeout=self.timeout).raise_for_status()
+
+
+def in_background(call: Callable[[], Any]) -> tuple[threading.Thread, list]:
+    """``call()`` on a thread of its own, started; the list receives its result, or the exception it raised."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as error:  # noqa: BLE001 - handed to the test
+            out.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def until(condition: Callable[[], Any], seconds: float = 10.0) -> None:
+    """Wait until ``condition()`` holds; an assertion error after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 @pytest.fixture()

@@ -5,12 +5,11 @@ loaded while requests name them."""
 
 from __future__ import annotations
 
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-from stand_in_vllm import GENERATE_ROUTE, StandInTransfer, StandInVLLM
+from stand_in_vllm import GENERATE_ROUTE, StandInTransfer, StandInVLLM, in_background, until
 
 from ggpo_lightning.rollouts.fleet.engine import RequestFailed, VLLMServerEngine
 from ggpo_lightning.rollouts.protocol import AdapterWeights
@@ -41,27 +40,6 @@ def engine_on(servers: list[StandInVLLM], transfers: list[StandInTransfer] | Non
 
     settings = dict(record_logprobs=False, request_timeout=30, server_timeout=30) | kwargs
     return VLLMServerEngine([s.url for s in servers], tokenizer(), dtype=None, transfer_init=transfer, **settings)
-
-
-def in_background(call) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run() -> None:
-        try:
-            out.append(call())
-        except Exception as error:  # noqa: BLE001 - handed to the test
-            out.append(error)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
-
-
-def until(condition, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.01)
 
 
 def greedy_versions(engine: VLLMServerEngine, count: int) -> list[list[int]]:
