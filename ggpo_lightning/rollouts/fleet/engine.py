@@ -72,8 +72,8 @@ from ggpo_lightning.rollouts.fleet.server_state import FleetServer, ServerState
 from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
 from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
-__all__ = ["RequestFailed", "RequestRejected", "ServerAnswered", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "server_engine",
-           "short_error"]
+__all__ = ["RequestFailed", "RequestRejected", "ServerAnswered", "ServerCounts", "ServerReset", "ServersUnavailable",
+           "VLLMServerEngine", "server_engine", "short_error"]
 
 log = logging.getLogger(__name__)
 
@@ -335,9 +335,9 @@ class VLLMServerEngine(VLLMSampler):
         with self._lock:
             if server.epoch != epoch:  # taken out meanwhile (e.g. its push failed): its weights are unknown
                 return None
-        if any(choice.get("finish_reason") == "abort" for choice in reply.get("choices", ())):
-            raise _ServerFault(RuntimeError("the server aborted the request"))  # the engine aborts only servers out
         try:
+            if any(choice.get("finish_reason") == "abort" for choice in reply["choices"]):  # the engine aborts only
+                raise _ServerFault(RuntimeError("the server aborted the request"))  # servers it took out before
             return self._read(prompt, reply, None if adapter is None else adapter[1])
         except ServerReset as error:
             raise _ServerFault(error) from error

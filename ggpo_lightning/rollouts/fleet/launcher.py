@@ -39,8 +39,8 @@ from typing import IO, Any
 
 from ggpo_lightning.rollouts.fleet import reaper
 
-__all__ = ["CPU_WEIGHT_BACKEND", "MAX_RESTARTS", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "free_ports", "serve_command",
-           "serve_env", "split_devices", "vllm_flags", "weight_transfer_backend"]
+__all__ = ["CPU_WEIGHT_BACKEND", "MAX_RESTARTS", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "free_ports",
+           "serve_command", "serve_env", "split_devices", "vllm_flags", "weight_transfer_backend"]
 
 log = logging.getLogger(__name__)
 
