@@ -31,6 +31,6 @@ def on_two_ranks(fn: Callable[[int], Any]) -> list[Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = mp.Manager().dict()
+    out = mp.get_context("spawn").Manager().dict()  # forked, it would keep the test's sockets open (a killed server)
     mp.spawn(_worker, args=(port, fn, out), nprocs=2, join=True)
     return [out[0], out[1]]

@@ -16,11 +16,12 @@ Routes (vLLM's paths and reply shapes):
   (``"default"`` after a start, as vLLM).
 - ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` (plain text, 404 for an unknown adapter), ``GET /health``.
 
-Faults: :attr:`StandInVLLM.reply_seconds` and :meth:`StandInVLLM.slow` (slow replies), :meth:`StandInVLLM.fail_next` (500s),
-:meth:`StandInVLLM.drop_next` (a connection closed without a reply), :meth:`StandInVLLM.die_at` (the process dies
-when a route is called: e.g. ``/update_weights``, death mid-push), :meth:`StandInVLLM.kill` and
-:meth:`StandInVLLM.restart` (the same port, weights ``"default"`` again), and :meth:`StandInVLLM.forget_adapter`
-(the next request naming it gets a 404). :attr:`StandInVLLM.calls` records every route called, in order.
+Faults: :attr:`StandInVLLM.reply_seconds` and :meth:`StandInVLLM.slow` (slow replies), :meth:`StandInVLLM.fail_next`
+(500s), :meth:`StandInVLLM.drop_next` (a connection closed without a reply), :meth:`StandInVLLM.answer_next` (a
+reply of the test's own, e.g. malformed), :meth:`StandInVLLM.die_at` (the process dies when a route is called: e.g.
+``/update_weights``, death mid-push), :meth:`StandInVLLM.kill` and :meth:`StandInVLLM.restart` (the same port,
+weights ``"default"`` again), and :meth:`StandInVLLM.forget_adapter` (the next request naming it gets a 404).
+:attr:`StandInVLLM.calls` records every route called, in order.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -75,6 +76,7 @@ class StandInVLLM:
         self.most_in_flight = 0
         self._failures: dict[str, list[int]] = {}
         self._drops: dict[str, int] = {}
+        self._answers: dict[str, list[dict[str, Any]]] = {}
         self._die_at: str | None = None
         self._slow: dict[str, float] = {}
         self._http: ThreadingHTTPServer | None = None
@@ -87,6 +89,9 @@ class StandInVLLM:
         self.paused: str | None = None
         self.adapters: dict[str, str] = {}
         self.held: list[_Request] = []
+        """Requests being generated (``pause(wait)`` waits for them)."""
+        self.queued: list[_Request] = []
+        """Requests that arrived while paused, waiting for ``/resume``."""
         self.dead = False
 
     # ------------------------------------------------------------------ life
@@ -144,6 +149,11 @@ class StandInVLLM:
         with self.lock:
             self._failures.setdefault(route, []).extend([status] * times)
 
+    def answer_next(self, route: str, reply: dict[str, Any]) -> None:
+        """The next call of ``route`` answers 200 with ``reply`` (e.g. a malformed one)."""
+        with self.lock:
+            self._answers.setdefault(route, []).append(reply)
+
     def drop_next(self, route: str, times: int = 1) -> None:
         """The next ``times`` calls of ``route`` get their connection closed without a reply."""
         with self.lock:
@@ -180,6 +190,8 @@ class StandInVLLM:
             if self._drops.get(path):
                 self._drops[path] -= 1
                 raise Died
+            if self._answers.get(path):
+                return 200, self._answers[path].pop(0)
         if path == GENERATE_ROUTE:
             return self._generate(body)
         if path == "/pause":
@@ -225,7 +237,11 @@ class StandInVLLM:
             model = body.get("model")
             if model is not None and model not in self.adapters:
                 return 404, _not_found(f"The model `{model}` does not exist.")
-            self._wait(lambda: self.paused is None or request.aborted)
+            self.queued.append(request)  # vLLM's scheduler holds it while paused; an abort reaches it there too
+            try:
+                self._wait(lambda: self.paused is None or request.aborted)
+            finally:
+                self.queued.remove(request)
             first = self.version
             self.held.append(request)
             self.most_in_flight = max(self.most_in_flight, len(self.held))
@@ -261,10 +277,10 @@ class StandInVLLM:
         return 200, {"status": "aborted", "aborted": count}
 
     def _abort_held(self) -> int:
-        for request in self.held:
+        for request in self.held + self.queued:
             request.aborted = True
         self.lock.notify_all()
-        return len(self.held)
+        return len(self.held) + len(self.queued)
 
     def _wait(self, ready, seconds: float | None = None) -> None:
         """Wait (under the lock) until ``ready()`` or ``seconds`` passed (no bound: until ``ready()``, for a test's
@@ -367,6 +383,29 @@ class StandInTransfer:
 
     def _post(self, route: str, body: Any) -> None:
         requests.post(self.url + route, json=body, timeout=self.timeout).raise_for_status()
+
+
+def in_background(call: Callable[[], Any]) -> tuple[threading.Thread, list]:
+    """``call()`` on a thread of its own, started; the list receives its result, or the exception it raised."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as error:  # noqa: BLE001 - handed to the test
+            out.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def until(condition: Callable[[], Any], seconds: float = 10.0) -> None:
+    """Wait until ``condition()`` holds; an assertion error after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 @pytest.fixture()

@@ -3,10 +3,13 @@
 Contract: runs one server (:func:`~ggpo_lightning.rollouts.fleet.launcher.serve_command`, with the environment of
 :func:`~ggpo_lightning.rollouts.fleet.launcher.serve_env`) as a child whose output is this command's own, prints
 ``ggpo serve: http://HOST:PORT serving MODEL (weight transfer: BACKEND)`` once ``/health`` answers, and waits.
-SIGINT or SIGTERM stops the server with all its processes and exits 0; a server that ends by itself makes this
-command say so on one line and exit with its code (128 + N for signal N). Without vLLM, or with a vLLM argument the
+SIGINT or SIGTERM stops the server with all its processes and exits 0. A server that ends by itself after it served
+is started again, on one line, up to ``MAX_RESTARTS`` times (the trainer re-syncs it: its weights are the folder's
+again); one that ends before it served, or once more, makes this command say so on one line and exit with its code
+(128 + N for signal N). Without vLLM, or with a vLLM argument the
 trainer owns, it prints one line and exits 2. The server runs in its own process group, so that a terminal's Ctrl-C
-reaches it once, through this command; a SIGKILL of this command leaves it running.
+reaches it once, through this command; if this command dies without stopping it (``kill -9``), a watcher process
+ends the server's whole group (:mod:`~ggpo_lightning.rollouts.fleet.reaper`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import os
 import signal
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
+
+if TYPE_CHECKING:
+    from ggpo_lightning.rollouts.fleet.launcher import LocalServer
 
 __all__ = ["serve_command"]
 
@@ -59,21 +65,39 @@ def serve_command(model: str, port: int, host: str, dtype: str | None, seed: int
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     server.start()
-    announced = False
+    _supervise(server, model, requested)
+    server.stop()
+
+
+def _supervise(server: LocalServer, model: str, requested: list[int]) -> None:
+    """Announce the server once it answers, and start it again when it ends after it served (up to
+    ``MAX_RESTARTS`` times: the trainer re-syncs it); return once a stop is ``requested``, or exit with the code of a
+    server that ended before it served, or once too often."""
+    from ggpo_lightning.rollouts.fleet import launcher
+
+    announced, served, restarts = False, False, 0
     while not requested:
         code = server.returncode
         if code is not None:
-            _fail(f"the vLLM server exited with code {code}", code if code >= 0 else 128 - code)
+            if not served or restarts >= launcher.MAX_RESTARTS:
+                _fail(f"the vLLM server exited with code {code}" + (f" after {restarts} restarts" if restarts else ""),
+                      code if code >= 0 else 128 - code)
+            restarts += 1
+            click.echo(f"ggpo serve: the vLLM server exited with code {code}; starting it again ({restarts} of "
+                       f"{launcher.MAX_RESTARTS})", err=True)
+            server.stop()  # what is left of its process group
+            server.start()
+            announced = False
+            continue
         try:
             ready = not announced and server.ready()
         except RuntimeError:
-            continue  # it ended just now: reported above
+            continue  # it ended just now: handled above
         if ready:
             click.echo(f"ggpo serve: {server.url} serving {model} "
                        f"(weight transfer: {launcher.weight_transfer_backend()})")
-            announced = True
+            announced = served = True
         time.sleep(0.5)
-    server.stop()
 
 
 def _fail(message: str, code: int) -> NoReturn:

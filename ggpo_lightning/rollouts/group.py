@@ -105,7 +105,7 @@ class RolloutCounts:
     """Prompt tokens the responses were conditioned on (each prompt counted once per response)."""
     engine: dict[str, float] = field(default_factory=dict)
     """What the engine counted itself (vLLM servers: ``servers_alive``, ``server_retries``, ``server_resyncs``,
-    ``weight_push_seconds``); empty for engines that count nothing."""
+    ``server_restarts``, ``weight_push_seconds``); empty for engines that count nothing."""
 
     def for_rank(self, rank: int) -> RolloutCounts:
         """These counts as rank ``rank`` reports them when rank 0 rolled out every rank's share (the async schedule

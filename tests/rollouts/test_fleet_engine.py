@@ -184,7 +184,8 @@ def test_a_server_restarted_unnoticed_is_taken_out_not_trusted(fleet, learner, t
     assert any(fleet.urls[1] in r.getMessage() and "ServerReset" in r.getMessage() for r in caplog.records)
     engine.load_weights(learner, version=5)  # and it is back after the next push
     assert engine.take_metrics() | {"weight_push_seconds": 0} == {"servers_alive": 2, "server_retries": 0,
-                                                                   "server_resyncs": 1, "weight_push_seconds": 0}
+                                                                   "server_resyncs": 1, "server_restarts": 0,
+                                                                   "weight_push_seconds": 0}
     engine.close()
 
 

@@ -263,6 +263,138 @@ def test_a_server_that_never_answers_times_out_naming_its_last_line(tmp_path, sh
     assert _group_processes(server.pid) == []
 
 
+# ----------------------------------------------------------------------------- supervision
+
+TRAINER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from ggpo_lightning.rollouts.fleet.launcher import LocalServer
+    stand_in, port, log = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    server = LocalServer([sys.executable, "-c", stand_in, "orphan", str(port)], os.environ, host="127.0.0.1",
+                         port=port, log_path=log)
+    server.start()
+    server.wait_ready(60)
+    print(server.pid, flush=True)
+    time.sleep(600)
+""")
+"""A trainer standing in: starts a server (with a child that outlives it unless its group is ended), prints the
+server's pid (its group's id), and waits to be killed."""
+
+
+def _watchers(pgid: int) -> list[int]:
+    """The watcher processes (:mod:`~ggpo_lightning.rollouts.fleet.reaper`) that guard group ``pgid``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"reaper.py") for arg in argv) and str(pgid).encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _until_empty(probe, seconds: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while probe() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return probe()
+
+
+@pytest.mark.parametrize("target", ["the trainer", "its process group"])
+def test_kill_9_of_the_trainer_leaves_no_server_process_behind(tmp_path, target):
+    port = launcher.free_ports("127.0.0.1", 1)[0]
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, STAND_IN, str(port), str(tmp_path / "server.log")],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pgid = int(trainer.stdout.readline())
+        deadline = time.monotonic() + 30
+        while len(_group_processes(pgid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_group_processes(pgid)) == 2 and len(_watchers(pgid)) == 1
+        if target == "the trainer":
+            os.kill(trainer.pid, signal.SIGKILL)
+        else:  # a job scheduler's or a terminal's kill of the whole group
+            os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        assert _until_empty(lambda: _group_processes(pgid)) == [], "a server process outlived its trainer"
+        assert _until_empty(lambda: _watchers(pgid)) == []
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+
+
+def test_a_server_stopped_normally_takes_its_watcher_along(tmp_path):
+    server = _stand_in(tmp_path, "serve")
+    server.start()
+    server.wait_ready(30)
+    pgid = server.pid
+    assert len(_watchers(pgid)) == 1
+    server.stop()
+    assert _watchers(pgid) == []
+
+
+def test_a_fleet_revives_a_crashed_server_on_its_port_a_bounded_number_of_times(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "MAX_RESTARTS", 2)
+    fleet = LocalFleet("/m", 1, log_dir=tmp_path)
+    server = _stand_in(tmp_path, "serve")
+    fleet.servers, fleet.restarts = [server], [0]
+    server.start()
+    server.wait_ready(30)
+    assert fleet.revive() == []  # running: nothing to do
+    for restart in (1, 2):
+        os.killpg(server.pid, signal.SIGKILL)
+        server._process.wait(10)
+        assert fleet.revive() == [0] and fleet.restarts == [restart]
+        server.wait_ready(30)  # on the same port
+    os.killpg(server.pid, signal.SIGKILL)
+    server._process.wait(10)
+    assert fleet.revive() == [] and not server.alive  # beyond MAX_RESTARTS: stays down
+    fleet.stop()
+    assert fleet.revive() == []
+
+
+SERVE = textwrap.dedent("""
+    import sys
+    from ggpo_lightning.rollouts import config
+    from ggpo_lightning.rollouts.fleet import launcher
+    stand_in, port = sys.argv[1], sys.argv[2]
+    config.vllm_available = lambda: True
+    launcher.serve_command = lambda model, port, **settings: [sys.executable, "-c", stand_in, "serve", str(port)]
+    from ggpo_lightning.cli.main import main
+    main(["serve", "m", "--port", port])
+""")
+"""``ggpo serve`` with the stand-in server for vLLM's."""
+
+
+def _announced(command: subprocess.Popen) -> str:
+    """The next line of ``ggpo serve``'s own on its stdout (the server's output is there too)."""
+    for line in command.stdout:
+        if line.startswith("ggpo serve:"):
+            return line
+    return ""
+
+
+def test_ggpo_serve_starts_its_server_again_when_it_crashes_and_takes_it_along_when_killed(tmp_path):
+    port = launcher.free_ports("127.0.0.1", 1)[0]
+    command = subprocess.Popen([sys.executable, "-c", SERVE, STAND_IN, str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert _announced(command).startswith(f"ggpo serve: http://127.0.0.1:{port} serving m")
+        pgid = _server_group(command.pid)
+        os.killpg(pgid, signal.SIGKILL)  # the server crashes
+        assert command.stderr.readline() == ("ggpo serve: the vLLM server exited with code -9; starting it again "
+                                             f"(1 of {launcher.MAX_RESTARTS})\n")
+        assert _announced(command).startswith(f"ggpo serve: http://127.0.0.1:{port} serving m")
+        pgid = _server_group(command.pid)
+        os.kill(command.pid, signal.SIGKILL)  # and ggpo serve is killed
+        command.wait(10)
+        assert _until_empty(lambda: _group_processes(pgid)) == [], "the server outlived ggpo serve"
+    finally:
+        if command.poll() is None:
+            command.kill()
+
+
 # ----------------------------------------------------------------------------- ggpo serve without a server
 
 
@@ -370,7 +502,36 @@ def test_ggpo_serve_prints_its_url_and_stops_cleanly_on_sigint(tmp_path, wide_ti
 
 
 def _server_group(parent: int) -> int:
-    """The process group of ``parent``'s child (the server leads its own)."""
-    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    assert len(children) == 1, children
-    return os.getpgid(int(children[0]))
+    """The process group of ``parent``'s child (the server leads its own; its watcher is the other child)."""
+    children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+    servers = [c for c in children if b"reaper.py" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(servers) == 1, children
+    return os.getpgid(servers[0])
+
+
+FLEET_TRAINER = textwrap.dedent("""
+    import sys, time
+    from ggpo_lightning.rollouts.fleet.launcher import LocalFleet
+    model, log_dir, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    fleet = LocalFleet(model, 1, log_dir=log_dir, dtype="float32", extra_args=args, start_timeout=240)
+    fleet.start()
+    print(fleet.servers[0].pid, flush=True)
+    time.sleep(600)
+""")
+"""A trainer standing in, with a real local server: vLLM's own process tree (API server, engine core, worker)."""
+
+
+@pytest.mark.vllm
+def test_kill_9_of_a_trainer_leaves_no_vllm_process_behind(tmp_path, wide_tiny_model_dir, real_servers):
+    trainer = subprocess.Popen([sys.executable, "-c", BACKEND_PATCH + FLEET_TRAINER, str(wide_tiny_model_dir),
+                                str(tmp_path / "run"), *SMALL_SERVER], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        pgid = int(trainer.stdout.readline())
+        assert len(_group_processes(pgid)) >= 2, "vLLM's server started no child: nothing to check"
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        assert _until_empty(lambda: _group_processes(pgid)) == [], "a vLLM process outlived its trainer"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()

@@ -91,3 +91,20 @@ def test_every_state_is_reachable_and_every_transition_leads_to_a_state():
                 reached.add(target)
                 frontier.append(target)
     assert reached == set(S)
+
+
+def test_each_time_a_server_is_taken_out_its_epoch_grows():
+    s = server(S.SERVING)
+    s.failed("a request failed")
+    s.answers_again()
+    s.begin_push()
+    s.failed("its re-sync failed")
+    assert s.epoch == 2
+
+
+def test_a_push_that_ends_after_its_server_was_taken_out_and_answered_again_leaves_it_back():
+    s = server(S.SERVING)
+    s.begin_push()
+    s.failed("a request in flight failed")
+    s.answers_again()  # probed while the push still ran
+    assert s.pushed() is False and s.state is S.BACK and not s.usable

@@ -3,12 +3,11 @@ happen when asked: the fleet's fault tests rely on both."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import requests
-from stand_in_vllm import GENERATE_ROUTE, StandInTransfer
+from stand_in_vllm import GENERATE_ROUTE, StandInTransfer, in_background, until
 
 PARAMS = {"n": 2, "temperature": 1.0, "max_tokens": 4, "logprobs": 0}
 
@@ -16,20 +15,6 @@ PARAMS = {"n": 2, "temperature": 1.0, "max_tokens": 4, "logprobs": 0}
 def generate(url: str, prompt: list[int], **fields) -> requests.Response:
     return requests.post(url + GENERATE_ROUTE, json={"token_ids": prompt, "sampling_params": PARAMS, **fields},
                          timeout=10)
-
-
-def in_background(call) -> tuple[threading.Thread, list]:
-    out: list = []
-    thread = threading.Thread(target=lambda: out.append(call()))
-    thread.start()
-    return thread, out
-
-
-def until(condition, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the stand-in never got there"
-        time.sleep(0.01)
 
 
 def test_generate_answers_n_choices_tagged_with_the_version_of_the_last_push(stand_in_vllm):
@@ -138,3 +123,12 @@ def test_the_transfer_records_a_shutdown_in_the_middle_of_a_push(stand_in_vllm):
     transfer.shutdown()
     thread.join(5)
     assert transfer.shut_down_while_sending
+
+
+def test_a_request_that_arrived_while_paused_is_aborted_too(stand_in_vllm):
+    requests.post(stand_in_vllm.url + "/pause", params={"mode": "keep"}, timeout=5).raise_for_status()
+    thread, out = in_background(lambda: generate(stand_in_vllm.url, [5]))
+    until(lambda: stand_in_vllm.queued)
+    requests.post(stand_in_vllm.url + "/abort_requests", json={}, timeout=5).raise_for_status()
+    thread.join(5)
+    assert out[0].json()["choices"][0]["finish_reason"] == "abort"

@@ -22,12 +22,21 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
   tensors in the serving dtype. With several trainer ranks every rank takes part in the gathers and rank 0 pushes;
   then every rank learns from rank 0 which servers hold the push (the others are out on every rank) and which
   adapter requests name, or the error that ended the push, raised on every rank (:class:`PushOutcome`).
-- **Faults.** A request that fails (refused, ``request_timeout``, an HTTP error) takes its server out (named once in
-  the log) and is retried on the others with backoff. A server out is probed at every push and at every retry; once
-  it answers it is put back, and it is used again only after it received the weights of a push (its version
-  restarted with it). A push that fails takes the server out the same way. Each server's state and its transitions:
-  :mod:`~ggpo_lightning.rollouts.fleet.server_state`. With no server usable for
-  ``server_timeout`` seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
+- **Faults.** A request that fails by its server's fault (no answer within ``request_timeout``, an HTTP error, an abort
+  the server made itself, weights never pushed) takes its server out (named once in the log) and is sent to another,
+  up to :data:`REQUEST_ATTEMPTS` server faults; then, as for a reply that cannot be read, :class:`RequestFailed`
+  names the request (the run's error: a poison request must not take out the fleet). Each server has an epoch that
+  grows each time it is taken out: a reply to a request sent in an earlier epoch is discarded and the request sent
+  again. A push that fails takes its server out without ``/resume`` (its model may be half loaded), and aborts the
+  requests it holds (``/abort_requests``) so that they are sent elsewhere at once. A request failure never shuts
+  down a transfer: only the pushing thread drops it. A server out is probed at every push; once it answers it is put
+  back, and it is used again only after it received the whole of a push (its version restarted with it). A local
+  server (``servers: local``) whose process ended is started again at the next push (up to ``MAX_RESTARTS`` times,
+  :mod:`~ggpo_lightning.rollouts.fleet.launcher`), and re-synced once it answers. Local servers die with the trainer,
+  however it dies (:mod:`~ggpo_lightning.rollouts.fleet.reaper`). Requests
+  with no usable server wait on the engine's condition, which a push or a re-sync wakes. Each server's state and
+  its transitions: :mod:`~ggpo_lightning.rollouts.fleet.server_state`. With no server usable for ``server_timeout``
+  seconds, :class:`ServersUnavailable` names each URL and its last error (the run then aborts with
   ``aborted.ckpt``, and resumes from it once servers are back).
 - **Resume.** The servers' weights are never saved; a resume pushes the learner's (exact when the checkpoint was
   taken at a sync, :class:`~ggpo_lightning.rollouts.protocol.SyncedOnResume`). A run pushes the learner's weights
@@ -36,7 +45,11 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
 - **LoRA** (``lora_rank``): each publish writes the adapter into the run's ``adapters/v{version}`` folder and loads
   it on every server (``/v1/load_lora_adapter``; requests then name it, and their version is its version); the base
   is pushed only to a server that lacks it, and to all after a reference refresh merged an adapter into it (with
-  ``/pause?mode=wait``). The servers read the folder: the same machine, or a shared filesystem.
+  ``/pause?mode=wait``; the old base's adapters are unloaded first). An adapter is unloaded only when no request in
+  flight on that server names it. A 404 for an adapter being replaced is no server's fault: the request waits for
+  the publish to end and names the new one; a 404 for the current adapter outside a publish means the server lost
+  it (it restarted), and takes it out until re-synced. The servers read the folder: the same machine, or a shared
+  filesystem.
 """
 
 from __future__ import annotations
@@ -58,12 +71,12 @@ from ggpo_lightning.core.rank_agreement import from_rank0
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.records.errors import RunAborted
 from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
-from ggpo_lightning.rollouts.fleet.server_state import FleetServer
+from ggpo_lightning.rollouts.fleet.server_state import FleetServer, ServerState
 from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
 from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
-__all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "server_engine",
-           "short_error"]
+__all__ = ["RequestFailed", "RequestRejected", "ServerAnswered", "ServerCounts", "ServerReset", "ServersUnavailable",
+           "VLLMServerEngine", "server_engine", "short_error"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +85,11 @@ REQUEST_THREADS = 64
 """Requests in flight at once (one prompt each); vLLM batches them on the servers."""
 IN_FLIGHT_PAUSE = {"keep": "keep", "drain": "wait"}
 """``model.rollout.in_flight_updates`` -> vLLM's ``/pause`` mode around a push."""
+REQUEST_ATTEMPTS = 3
+"""Server faults one request may meet (each takes its server out) before it is the run's error
+(:class:`RequestFailed`): a request that breaks every server it reaches must not take out the whole fleet."""
+ABORT_TIMEOUT = 10.0
+"""Seconds to ask a server whose push failed to abort its requests (it is likely dead: nothing to wait for)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,27 @@ class RequestRejected(ValueError):
     run, not of the server, raised at once."""
 
 
+class RequestFailed(RunAborted):
+    """A request failed on :data:`REQUEST_ATTEMPTS` servers in turn, or its reply could not be read: the run's error
+    (it stops with ``aborted.ckpt``), one line naming the request (not "no server usable")."""
+
+
+class ServerAnswered(RuntimeError):
+    """A server answered a route with an HTTP error (``status``)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _ServerFault(Exception):
+    """A request failed by its server's fault (``error``): the server is taken out, the request sent elsewhere."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class ServerReset(RuntimeError):
     """A server's response came from weights the engine never pushed (it restarted unnoticed): taken out, the
     request sent elsewhere."""
@@ -108,6 +147,8 @@ class ServerCounts:
     """Requests sent again after their server failed."""
     resyncs: int = 0
     """Servers that came back and received the weights."""
+    restarts: int = 0
+    """Local servers (``servers: local``) started again after they crashed."""
     push_seconds: float = 0.0
     """Seconds of weight pushes (all servers)."""
 
@@ -124,7 +165,7 @@ class VLLMServerEngine(VLLMSampler):
         server_timeout: seconds without any usable server before :class:`ServersUnavailable`.
         in_flight_updates: ``keep`` or ``drain`` (``/pause`` mode around a push).
         fleet: local servers to start at :meth:`start` and stop at :meth:`close` (``servers: local:N``); their URLs
-            are then the engine's.
+            are then the engine's, and the ones that crashed are started again at each push (``fleet.revive()``).
         lora_rank: a LoRA run's adapter rank: publish adapters (:attr:`publishes_adapters`); the servers must take
             runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
@@ -161,6 +202,7 @@ class VLLMServerEngine(VLLMSampler):
         """Where published adapters are written (the run's ``adapters`` folder, set at :meth:`start`); the servers
         read them from there: the same machine, or a shared filesystem."""
         self._adapter: tuple[str, int] | None = None  # the adapter requests name, and its version
+        self._publishing = False  # an adapter is being published: a 404 for the current one is no server fault
         self._base_revision: int | None = None  # of the base the servers hold (AdapterWeights.base_revision)
         self.counts = ServerCounts()
         self._lock = threading.Condition()
@@ -209,12 +251,13 @@ class VLLMServerEngine(VLLMSampler):
             self.fleet.stop()
 
     def take_metrics(self) -> dict[str, float]:
-        """``servers_alive`` (:attr:`alive`), and since the last call ``server_retries``, ``server_resyncs`` and
-        ``weight_push_seconds`` (a step's metrics)."""
+        """``servers_alive`` (:attr:`alive`), and since the last call ``server_retries``, ``server_resyncs``,
+        ``server_restarts`` and ``weight_push_seconds`` (a step's metrics)."""
         with self._lock:
             counts, self.counts = self.counts, ServerCounts()
         return {"servers_alive": float(self.alive), "server_retries": float(counts.retries),
-                "server_resyncs": float(counts.resyncs), "weight_push_seconds": counts.push_seconds}
+                "server_resyncs": float(counts.resyncs), "server_restarts": float(counts.restarts),
+                "weight_push_seconds": counts.push_seconds}
 
     @property
     def alive(self) -> int:
@@ -243,6 +286,7 @@ class VLLMServerEngine(VLLMSampler):
             if world()[0] != 0:
                 for server in self.servers:
                     server.follow_rank0(server.url in outcome.serving, outcome.errors.get(server.url))
+            self._lock.notify_all()  # requests waiting for a usable server
             self.counts.push_seconds += time.perf_counter() - start
 
     def _pushed_by_rank0(self, push: Callable[[], None]) -> list[PushOutcome]:
@@ -264,31 +308,75 @@ class VLLMServerEngine(VLLMSampler):
     # ------------------------------------------------------------------ requests
 
     def _generate_one(self, prompt: list[int], params: dict[str, Any]) -> Generation:
+        """One prompt's request, sent again (on the least busy server then) until a server answers it; up to
+        :data:`REQUEST_ATTEMPTS` server faults, then :class:`RequestFailed`."""
+        faults: list[str] = []
+        while True:
+            server, epoch, adapter = self._take_server()
+            generation = None
+            try:
+                generation = self._attempt(server, epoch, prompt, params, adapter)
+            except _ServerFault as fault:
+                self._fail(server, fault.error, epoch)
+                faults.append(f"{server.url}: {short_error(fault.error)}")
+                if len(faults) >= REQUEST_ATTEMPTS:
+                    raise RequestFailed(f"a request ({_describe(prompt)}) failed on {len(faults)} servers in turn; "
+                                        f"the run stops here rather than take out every server: "
+                                        + "; ".join(faults)) from fault.error
+            finally:
+                self._release(server, adapter)
+            if generation is not None:
+                return generation
+            with self._lock:
+                self.counts.retries += 1
+
+    def _attempt(self, server: FleetServer, epoch: int, prompt: list[int], params: dict[str, Any],
+                 adapter: tuple[str, int] | None) -> Generation | None:
+        """The request sent once to ``server`` (taken in ``epoch``): its generation, or None when it is to be sent
+        again at no server's fault (the server was taken out after it was sent, or its adapter is being replaced).
+
+        Raises:
+            _ServerFault: the server's fault (no answer, an HTTP error, an abort it made itself, weights never pushed).
+            RequestRejected: the request is malformed (every server would refuse it).
+            RequestFailed: the reply cannot be read (a parse error is the run's, not the server's).
+        """
         body = {"token_ids": prompt, "sampling_params": params, "output_mode": "tokens"}
-        adapter = self._adapter
         if adapter is not None:  # the request is the adapter's, start to end: its version is the adapter's
             body["model"] = adapter[0]
-        failed_once = False
-        while True:
-            server = self._take_server()
-            try:
-                reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
-                generation = self._read(prompt, reply, None if adapter is None else adapter[1])
-            except RequestRejected:
-                raise
-            except Exception as error:  # noqa: BLE001 - the server is taken out and the request sent elsewhere
-                self._fail(server, error)
-                failed_once = True
-                with self._lock:
-                    self.counts.retries += 1
-                continue
-            finally:
-                with self._lock:
-                    server.outstanding -= 1
-                    self._lock.notify_all()
-            if failed_once:
-                log.debug("a request succeeded on %s after a retry", server.url)
-            return generation
+        try:
+            reply = self._post(server, GENERATE_ROUTE, body, self.request_timeout)
+        except RequestRejected:
+            raise
+        except ServerAnswered as error:
+            if error.status == 404 and adapter is not None and self._adapter_replaced(adapter):
+                return None
+            raise _ServerFault(error) from error
+        except Exception as error:  # noqa: BLE001 - no answer: the server's fault
+            raise _ServerFault(error) from error
+        with self._lock:
+            if server.epoch != epoch:  # taken out meanwhile (e.g. its push failed): its weights are unknown
+                return None
+        try:
+            if any(choice.get("finish_reason") == "abort" for choice in reply["choices"]):  # the engine aborts only
+                raise _ServerFault(RuntimeError("the server aborted the request"))  # servers it took out before
+            return self._read(prompt, reply, None if adapter is None else adapter[1])
+        except ServerReset as error:
+            raise _ServerFault(error) from error
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+            raise RequestFailed(f"the reply of {server.url} to a request ({_describe(prompt)}) cannot be read: "
+                                f"{short_error(error)}") from error
+
+    def _adapter_replaced(self, adapter: tuple[str, int]) -> bool:
+        """After a 404 for ``adapter``: True once it is replaced (waiting for a publish in progress to end, up to
+        ``server_timeout``), False when it is still the one to name (the server lost it: it restarted)."""
+        with self._lock:
+            if not self._publishing and self._adapter == adapter:
+                return False
+            if not self._lock.wait_for(lambda: not self._publishing, timeout=self.server_timeout):
+                raise ServersUnavailable(f"no adapter published within model.rollout.server_timeout="
+                                         f"{self.server_timeout:g} s (requests name {adapter[0]}, which a server "
+                                         "no longer holds)")
+            return True
 
     def _read(self, prompt: list[int], reply: dict[str, Any], adapter_version: int | None) -> Generation:
         """A server's reply: each choice's token ids, (recorded) log-probs, and the versions that sampled it."""
@@ -301,23 +389,33 @@ class VLLMServerEngine(VLLMSampler):
                     else [adapter_version, adapter_version] for c in choices]
         return self._generation(prompt, responses, logprobs, versions)
 
-    def _take_server(self) -> FleetServer:
-        """The usable server with the least work outstanding, counted as taken; waits (probing the servers that are
-        out) while none is usable, up to ``server_timeout``."""
+    def _take_server(self) -> tuple[FleetServer, int, tuple[str, int] | None]:
+        """The usable server with the least work outstanding, counted as taken, with its epoch and the adapter the
+        request names (counted as in use on it); waits on the engine's condition (a push or a re-sync makes a
+        server usable) while none is usable, up to ``server_timeout``, then :class:`ServersUnavailable`."""
         deadline = time.monotonic() + self.server_timeout
-        delay = 0.5
-        while True:
-            with self._lock:
+        with self._lock:
+            while True:
                 usable = [s for s in self.servers if s.usable]
                 if usable:
                     server = min(usable, key=lambda s: s.outstanding)
                     server.outstanding += 1
-                    return server
-            if time.monotonic() > deadline:
-                raise self._unavailable()
-            self._probe()
-            time.sleep(delay)
-            delay = min(2 * delay, 10.0)
+                    adapter = self._adapter
+                    if adapter is not None:
+                        server.adapter_uses[adapter[0]] += 1
+                    return server, server.epoch, adapter
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._unavailable()
+                self._lock.wait(left)
+
+    def _release(self, server: FleetServer, adapter: tuple[str, int] | None) -> None:
+        """A request taken with :meth:`_take_server` has ended."""
+        with self._lock:
+            server.outstanding -= 1
+            if adapter is not None:
+                server.adapter_uses[adapter[0]] -= 1
+            self._lock.notify_all()
 
     def _post(self, server: FleetServer, route: str, body: dict[str, Any] | None, timeout: float,
               params: dict[str, str] | None = None) -> Any:
@@ -326,20 +424,30 @@ class VLLMServerEngine(VLLMSampler):
             raise RequestRejected(f"vLLM server {server.url} refused {route} ({response.status_code}): "
                                   f"{response.text[:300]}")
         if response.status_code != 200:
-            raise RuntimeError(f"{route} answered {response.status_code}: {response.text[:200]}")
+            raise ServerAnswered(response.status_code, f"{route} answered {response.status_code}: "
+                                                       f"{response.text[:200]}")
         if "json" not in response.headers.get("content-type", ""):
             return response.text  # the LoRA routes answer in plain text
         return response.json()
 
-    def _fail(self, server: FleetServer, error: BaseException) -> None:
+    def _fail(self, server: FleetServer, error: BaseException, epoch: int | None = None) -> None:
+        """Take ``server`` out (logged once per failure). ``epoch``: the one a failed request was sent in; a server
+        taken out since then is left as it is. Its transfer is left alone: a push may be using it (the pushing
+        thread drops it)."""
         with self._lock:
+            if epoch is not None and server.epoch != epoch:
+                return
             if server.failed(short_error(error)):  # once per failure: a server that answers again may fail its re-sync too
                 log.warning("vLLM server %s failed and is taken out until it answers again and is re-synced: %s",
                             server.url, short_error(error))
-        self._drop_transfer(server)
 
     def _probe(self) -> None:
-        """Put back the servers that answer ``/health`` again (used once re-synced)."""
+        """Start again the local servers that crashed (``servers: local``), and put back the servers that answer
+        ``/health`` again (used once re-synced)."""
+        if self.fleet is not None:
+            restarted = len(self.fleet.revive())
+            with self._lock:
+                self.counts.restarts += restarted
         for server in self.servers:
             if server.answering:
                 continue
@@ -365,10 +473,11 @@ class VLLMServerEngine(VLLMSampler):
         return PushedWeights([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
 
     def _publish_adapter(self, weights: AdapterWeights, version: int) -> None:
-        """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
-        requests still in flight), after the base where a server lacks it: a new or re-synced server, or every
-        server once a refresh merged an adapter into the base (pushed with ``/pause?mode=wait``: the requests in
-        flight run an adapter of the old base, and finish first)."""
+        """The adapter to every server, loaded under the name ``v{version}``, after the base where a server lacks it:
+        a new or re-synced server, or every server once a refresh merged an adapter into the base (pushed with
+        ``/pause?mode=wait``: the requests in flight run an adapter of the old base, and finish first). Requests name
+        the new adapter once every server was offered it; until then a 404 for the old one is no server's fault (the
+        request waits for the publish to end). An adapter is unloaded only when no request in flight names it."""
         if self.adapter_dir is None:
             raise RuntimeError("the engine publishes adapters into the run's folder: call start(run_dir) first")
         base: list[PushedWeights] = []  # materialised once, when a server needs it
@@ -385,27 +494,52 @@ class VLLMServerEngine(VLLMSampler):
             self._base_revision = weights.base_revision
         name, folder = f"v{version}", self.adapter_dir / f"v{version}"
         weights.save(folder)
-        self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
-        self._adapter = (name, version)
+        with self._lock:
+            self._publishing = True
+        published = False
+        try:
+            self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
+            published = True
+        finally:
+            with self._lock:
+                if published:
+                    self._adapter = (name, version)
+                self._publishing = False
+                self._lock.notify_all()  # requests waiting for the publish to end
 
     def _publish(self, server: FleetServer, base: Callable[[], PushedWeights], name: str, folder: Path,
                  version: int) -> None:
         try:
-            if not server.usable:
+            if not server.usable:  # new, back, or its base changed: the base first, without the old adapters
+                self._unload(server, list(server.adapters), drain=True)
                 self._push(server, base(), version, pause_mode="wait", raise_error=True)
-                for old in server.adapters:  # adapters of the old base
-                    self._post(server, "/v1/unload_lora_adapter", {"lora_name": old}, self.request_timeout)
-                server.adapters = []
             self._post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)},
                        self.request_timeout)
             server.adapters.append(name)
-            while len(server.adapters) > 2:
-                self._post(server, "/v1/unload_lora_adapter", {"lora_name": server.adapters.pop(0)},
-                           self.request_timeout)
+            current = None if self._adapter is None else self._adapter[0]  # requests name it until the publish ends
+            self._unload(server, [old for old in server.adapters if old not in (name, current)])
         except RequestRejected:  # the adapter itself (its rank, its files): every server would refuse it
             raise
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
             self._fail(server, error)
+
+    def _unload(self, server: FleetServer, names: list[str], drain: bool = False) -> None:
+        """Unload the adapters ``names`` from ``server``: each one no request in flight names (the others stay loaded
+        until a later publish), or with ``drain`` every one, once its requests ended (up to ``request_timeout``:
+        by then they have timed out)."""
+        for name in names:
+            with self._lock:
+                if drain:
+                    self._lock.wait_for(lambda: not server.adapter_uses[name], timeout=self.request_timeout)
+                elif server.adapter_uses[name]:
+                    continue
+            try:
+                self._post(server, "/v1/unload_lora_adapter", {"lora_name": name}, self.request_timeout)
+            except ServerAnswered as error:
+                if error.status != 404:
+                    raise
+                # 404: the server no longer holds it (it restarted): nothing to unload
+            server.adapters.remove(name)
 
     def _push_all(self, source: PushedWeights, version: int) -> None:
         """The whole model to every server (a LoRA run's first push: the base the adapters apply to)."""
@@ -430,26 +564,45 @@ class VLLMServerEngine(VLLMSampler):
 
     def _push(self, server: FleetServer, source: PushedWeights, version: int, pause_mode: str | None = None,
               raise_error: bool = False) -> None:
+        """The weights to ``server``: paused, sent, tagged, resumed. A push that fails leaves the server paused and
+        out (its requests aborted, their replies discarded) until a later push to it succeeds: a half-loaded model
+        never samples."""
         with self._lock:
+            stale = server.state is ServerState.BACK  # failed since its last push: its transfer group is gone
             server.begin_push()  # no request goes to it while its weights change
+        if stale:
+            self._drop_transfer(server)
         try:
             self._post(server, "/pause", None, self.request_timeout, params={"mode": pause_mode or self.pause_mode})
-            try:
-                if server.transfer is None:
-                    server.transfer = self.transfer_init(server.url)
-                server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
-                server.transfer.send_weights()
-                self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
-            finally:
-                self._post(server, "/resume", None, self.request_timeout)
+            if server.transfer is None:
+                server.transfer = self.transfer_init(server.url)
+            server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
+            server.transfer.send_weights()
+            self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
+            self._fail(server, error)  # first: the replies of its aborted requests are then discarded
+            self._drop_transfer(server)
+            self._abort_requests(server)
             if raise_error or isinstance(error, RequestRejected):
                 raise
+            return
+        try:
+            self._post(server, "/resume", None, self.request_timeout)
+        except Exception as error:  # noqa: BLE001 - its weights are whole, but it no longer answers
             self._fail(server, error)
             return
         with self._lock:
             if server.pushed():
                 self.counts.resyncs += 1
+            self._lock.notify_all()  # requests waiting for a usable server
+
+    def _abort_requests(self, server: FleetServer) -> None:
+        """Ask a server whose push failed to abort every request it holds (kept paused otherwise), so that they are
+        sent elsewhere at once; a server that does not answer has none left to abort."""
+        try:
+            self._post(server, "/abort_requests", {}, ABORT_TIMEOUT)
+        except Exception as error:  # noqa: BLE001 - dead, or dying: its requests fail on their own
+            log.debug("vLLM server %s did not abort its requests: %s", server.url, short_error(error))
 
     def _drop_transfer(self, server: FleetServer) -> None:
         transfer, server.transfer = server.transfer, None
@@ -487,6 +640,12 @@ def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:
         raise ServerReset(f"the server answered with weights of version {labels[0]!r}, not a pushed one: it "
                           "restarted since the last push")
     return [int(labels[0]), int(labels[-1])]
+
+
+def _describe(prompt: list[int]) -> str:
+    """A request named in an error: its prompt's length and first token ids."""
+    head = ", ".join(str(t) for t in prompt[:8])
+    return f"prompt of {len(prompt)} tokens [{head}{', ...' if len(prompt) > 8 else ''}]"
 
 
 def short_error(error: BaseException) -> str:

@@ -9,19 +9,21 @@ Contract:
 - :class:`LocalServer` runs one server in its own process group, so that :meth:`LocalServer.stop` ends vLLM's
   engine-core children too; :class:`LocalFleet` runs several on free loopback ports, each logging to
   ``log_dir/server-{i}.log``, and raises one ``RuntimeError`` line (server, log, last line of the log) when one fails
-  to come up, after stopping all it started. No server outlives the Python process that started it, short of a
-  SIGKILL of that process (an ``atexit`` hook stops the rest).
+  to come up, after stopping all it started; :meth:`LocalFleet.revive` starts again the servers that crashed. No
+  server outlives the Python process that started it, whatever ends that process: an ``atexit`` hook stops them on a
+  normal exit, and a watcher process per server (:mod:`~ggpo_lightning.rollouts.fleet.reaper`) ends the server's
+  whole process group (vLLM's engine core and workers too) once that process is gone, ``kill -9`` included.
 
 Nothing here imports vLLM; torch is imported only to ask whether CUDA is available.
 """
 
 from __future__ import annotations
 
-import json
-
 import atexit
 import http.client
 import importlib.metadata
+import json
+import logging
 import os
 import re
 import signal
@@ -35,8 +37,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["CPU_WEIGHT_BACKEND", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "free_ports", "serve_command",
-           "serve_env", "split_devices", "vllm_flags", "weight_transfer_backend"]
+from ggpo_lightning.rollouts.fleet import reaper
+
+__all__ = ["CPU_WEIGHT_BACKEND", "MAX_RESTARTS", "TRAINER_FLAGS", "LocalFleet", "LocalServer", "free_ports",
+           "serve_command", "serve_env", "split_devices", "vllm_flags", "weight_transfer_backend"]
+
+log = logging.getLogger(__name__)
 
 CPU_WEIGHT_BACKEND = "ggpo_gloo"
 """The weight-transfer backend on machines without CUDA: a vLLM general plugin registered by this package."""
@@ -65,6 +71,9 @@ a command needs no vLLM import): an adapter's rank is rounded up to the next one
 
 _LORA_SLOTS = 2
 """``--max-loras``: the adapter in use and the next version, loaded beside it before the swap."""
+
+MAX_RESTARTS = 3
+"""Times :meth:`LocalFleet.revive` starts one server again after a crash; then it stays down (its log says why)."""
 
 _STOP_WAITS = (("SIGINT", 20.0), ("SIGTERM", 10.0), ("SIGKILL", 5.0))
 """How :meth:`LocalServer.stop` escalates: each signal, then how long (s) to wait for the group to end."""
@@ -166,7 +175,8 @@ def split_devices(devices: Sequence[int], count: int) -> list[list[int]]:
 
 
 class LocalServer:
-    """One server process, in its own process group, answering at ``url``.
+    """One server process, in its own process group, answering at ``url``; a watcher process
+    (:mod:`~ggpo_lightning.rollouts.fleet.reaper`) ends that group if this process dies without stopping it.
 
     ``log_path``: the file its stdout and stderr are appended to (None: this process's own stdout and stderr).
     """
@@ -178,6 +188,7 @@ class LocalServer:
         self.log_path = log_path
         self.name = name
         self._process: subprocess.Popen | None = None
+        self._watcher: subprocess.Popen | None = None
         self._log_start = 0
 
     @property
@@ -216,6 +227,9 @@ class LocalServer:
             if log is not None:
                 log.close()
         _RUNNING.add(self)
+        # its own session: a signal to this process's group (a terminal's Ctrl-C) must not end the watcher
+        self._watcher = subprocess.Popen(reaper.watch_command(self._process.pid), stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
 
     def ready(self) -> bool:
         """True once ``/health`` answers 200; a ``RuntimeError`` (one line, with the log's last line) if the server
@@ -269,7 +283,16 @@ class LocalServer:
             while _group_alive(pgid) and time.monotonic() < deadline:
                 self._process.poll()  # reap the server, or it lingers as a zombie of this process
                 time.sleep(0.1)
-        return self._process.wait()
+        code = self._process.wait()
+        self._end_watcher()
+        return code
+
+    def _end_watcher(self) -> None:
+        """The group is gone: the watcher has nothing left to guard (it would notice within a poll)."""
+        if self._watcher is not None:
+            self._watcher.kill()
+            self._watcher.wait()
+            self._watcher = None
 
     def _log_hint(self) -> str:
         if self.log_path is None:
@@ -302,6 +325,9 @@ class LocalFleet:
         self._seed, self._devices = seed, devices
         serve_command(model, 0, **self._settings)  # refuse bad extra_args before any port is taken
         self.servers: list[LocalServer] = []
+        self.restarts: list[int] = []
+        """Times each server was started again by :meth:`revive`."""
+        self._stopped = False
 
     @property
     def urls(self) -> list[str]:
@@ -318,6 +344,7 @@ class LocalFleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         ports = free_ports("127.0.0.1", self.count)
         self.servers = [self._server(i, port) for i, port in enumerate(ports)]
+        self.restarts = [0] * self.count
         try:
             for server in self.servers:
                 server.start()
@@ -338,9 +365,29 @@ class LocalFleet:
             server.stop()
             raise
 
+    def revive(self) -> list[int]:
+        """Start again, on its port, each server whose process ended by itself (what is left of its group is
+        stopped first), up to :data:`MAX_RESTARTS` times per server; returns their indices. Does not wait: a server
+        answers ``/health`` tens of seconds later (the engine probes it, and re-syncs it then). Nothing after
+        :meth:`stop`."""
+        revived = []
+        for i, server in enumerate(self.servers):
+            code = server.returncode
+            if self._stopped or code is None or self.restarts[i] >= MAX_RESTARTS:
+                continue
+            hint = server._log_hint()
+            server.stop()
+            server.start()
+            self.restarts[i] += 1
+            revived.append(i)
+            log.warning("%s ended with code %s%s; started again (%d of %d)", server.name, code, hint,
+                        self.restarts[i], MAX_RESTARTS)
+        return revived
+
     def stop(self) -> None:
         """Stop every server (:meth:`LocalServer.stop`). Idempotent; the servers keep their ports for a
         :meth:`restart`."""
+        self._stopped = True
         for server in self.servers:
             server.stop()
 

@@ -7,6 +7,9 @@
     any --failed--> out --answers_again--> back --begin_push--> resyncing --pushed--> serving (a re-sync)
     any --rank0_pushed--> serving, any --rank0_lost--> out     (trainer rank 0 pushed: its outcome, on the other ranks)
 
+Each time a server is taken out its :attr:`FleetServer.epoch` grows: a reply to a request sent in an earlier epoch
+(before the server was taken out) is discarded, whatever the server's state now.
+
 Requests go to ``serving`` servers only. A server is *in the fleet* (:attr:`FleetServer.in_fleet`) while it answers
 and was not taken out since its last push (``unsynced``, ``pushing``, ``serving``). A transition the table does not
 name is a bug, raised as ``RuntimeError``; the ones below that keep the state are deliberate (e.g. a push that ends
@@ -16,6 +19,7 @@ after a request already took its server out leaves it out). Torch-free and vLLM-
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +44,7 @@ class ServerState(enum.Enum):
 S = ServerState
 TRANSITIONS: dict[str, dict[ServerState, ServerState]] = {
     "begin_push": {S.UNSYNCED: S.PUSHING, S.SERVING: S.PUSHING, S.BACK: S.RESYNCING},
-    "pushed": {S.PUSHING: S.SERVING, S.RESYNCING: S.SERVING, S.OUT: S.OUT},
+    "pushed": {S.PUSHING: S.SERVING, S.RESYNCING: S.SERVING, S.OUT: S.OUT, S.BACK: S.BACK},
     "failed": {state: S.OUT for state in S},
     "answers_again": {S.OUT: S.BACK},
     "weights_changed": {S.SERVING: S.UNSYNCED, S.UNSYNCED: S.UNSYNCED, S.OUT: S.OUT, S.BACK: S.BACK},
@@ -63,6 +67,10 @@ class FleetServer:
     """vLLM's trainer-side transfer engine for this server (None until its first push, and after a failure)."""
     adapters: list[str] = field(default_factory=list)
     """LoRA adapters loaded on it, oldest first (``publishes_adapters``)."""
+    adapter_uses: Counter[str] = field(default_factory=Counter)
+    """Requests in flight on it, per adapter they name: an adapter is unloaded only when none names it."""
+    epoch: int = 0
+    """How many times it was taken out: a request's reply counts only if the epoch is the one it was sent in."""
 
     @property
     def usable(self) -> bool:
@@ -92,10 +100,12 @@ class FleetServer:
         return resync
 
     def failed(self, error: str) -> bool:
-        """Taken out, ``error`` kept for the message that names it; True when it was not out already (the failure is
-        news: a server that answers again may fail its re-sync too)."""
+        """Taken out (a new :attr:`epoch`: replies to the requests sent before are discarded), ``error`` kept for the
+        message that names it; True when it was not out already (the failure is news: a server that answers again
+        may fail its re-sync too)."""
         news = self.state not in (ServerState.OUT, ServerState.BACK, ServerState.RESYNCING)
         self._go("failed")
+        self.epoch += 1
         self.last_error = error
         return news
 
