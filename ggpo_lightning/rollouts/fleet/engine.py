@@ -15,12 +15,15 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
 - **Versions.** The server labels every response's tokens with the weight versions that sampled them (vLLM's
   weight-version spans): each response carries ``[first, last]`` (:attr:`Generation.versions`). ``first < last``
   when a push landed while it was generated (``model.rollout.in_flight_updates: keep``).
-- **Weights** (:meth:`load_weights`): to every live server, one at a time: ``/pause`` (``keep``: requests in flight
-  stay and go on with the new weights; ``wait``: they finish first, with the old ones), vLLM's trainer-side
-  engine (``WeightTransferTrainerFactory``: start, update while broadcasting, finish; backend ``nccl`` on GPUs, the
-  package's ``ggpo_gloo`` elsewhere), ``/update_weight_version``, ``/resume``. Names are the Hugging Face model's,
-  tensors in the serving dtype. With several trainer ranks every rank takes part in the gathers and rank 0 pushes;
-  the others wait at a barrier.
+- **Weights** (:meth:`load_weights`): to every live server at once, each paused only around its own transfer:
+  ``/pause`` (``keep``: requests in flight stay and go on with the new weights; ``wait``: they finish first, with
+  the old ones), vLLM's trainer-side engine (``WeightTransferTrainerFactory``: start, update while broadcasting,
+  finish; backend ``nccl`` on GPUs, the package's ``ggpo_gloo`` elsewhere, in packed buckets), ``/update_weight_version``,
+  ``/resume``. The transfers share one pass over the learner's weights
+  (:class:`~ggpo_lightning.rollouts.fleet.push.StreamedWeights`: each tensor gathered and cast to the serving dtype
+  only as it is sent; :func:`~ggpo_lightning.rollouts.fleet.push.send_together`). Names are the Hugging Face
+  model's. With several trainer ranks rank 0 pushes and the others take part in the pass's gathers (a sharded
+  learner's) without keeping what they gather, then wait at a barrier.
 - **Faults.** A request that fails (refused, ``request_timeout``, an HTTP error) takes its server out (named once in
   the log) and is retried on the others with backoff. A server out is probed at every push and at every retry; once
   it answers it is put back, and it is used again only after it received the weights of a push (its version
@@ -54,9 +57,9 @@ import torch
 from ggpo_lightning.core.distributed import all_gather_objects, world
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.records.errors import RunAborted
-from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
+from ggpo_lightning.rollouts.fleet.push import StreamedWeights, send_together, transfer_engine
 from ggpo_lightning.rollouts.fleet.server_state import FleetServer
-from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
+from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights
 from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
 __all__ = ["RequestRejected", "ServerCounts", "ServerReset", "ServersUnavailable", "VLLMServerEngine", "server_engine",
@@ -113,6 +116,11 @@ class VLLMServerEngine(VLLMSampler):
         lora_rank: a LoRA run's adapter rank: publish adapters (:attr:`publishes_adapters`); the servers must take
             runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
+        bucket_bytes: bytes of one packed bucket of a ``ggpo_gloo`` push (0: one tensor at a time; None: the
+            backend's default, 128 MiB).
+        concurrent_push: push every server in one pass (False: one server after the other, each with a pass of its
+            own; a comparison for benchmarks, refused for a sharded learner, whose other ranks take part in one
+            pass).
 
     With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank waits at a
     barrier after a push.
@@ -120,7 +128,8 @@ class VLLMServerEngine(VLLMSampler):
 
     def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
                  in_flight_updates: str = "keep", fleet: Any = None, lora_rank: int | None = None,
-                 transfer_init: Callable[[str], Any] | None = None) -> None:
+                 transfer_init: Callable[[str], Any] | None = None, bucket_bytes: int | None = None,
+                 concurrent_push: bool = True) -> None:
         import requests
 
         if not urls and fleet is None:
@@ -133,7 +142,8 @@ class VLLMServerEngine(VLLMSampler):
         self.record_logprobs = record_logprobs
         self.request_timeout, self.server_timeout = request_timeout, server_timeout
         self.pause_mode = IN_FLIGHT_PAUSE[in_flight_updates]
-        self.transfer_init = transfer_init or (lambda url: transfer_engine(url, self.request_timeout))
+        self.transfer_init = transfer_init or (lambda url: transfer_engine(url, self.request_timeout, bucket_bytes))
+        self.concurrent_push = concurrent_push
         self.version = 0
         self.sync_before_rollouts = True
         """Samples only with weights this run pushed: the run pushes the learner's before its first rollout."""
@@ -221,6 +231,8 @@ class VLLMServerEngine(VLLMSampler):
             source = self._source(learner)
             if rank == 0:
                 self._push_all(source, version)
+            else:
+                source.take_part_in_gathers()
             self._base_revision = 0 if self._base_revision is None else self._base_revision
         with self._lock:
             self.version = version
@@ -340,8 +352,8 @@ class VLLMServerEngine(VLLMSampler):
 
     # ------------------------------------------------------------------ weights
 
-    def _source(self, weights: Weights) -> PushedWeights:
-        return PushedWeights([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
+    def _source(self, weights: Weights) -> StreamedWeights:
+        return StreamedWeights.of(weights, self.dtype)
 
     def _publish_adapter(self, weights: AdapterWeights, version: int, rank: int) -> None:
         """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
@@ -350,9 +362,9 @@ class VLLMServerEngine(VLLMSampler):
         flight run an adapter of the old base, and finish first)."""
         if self.adapter_dir is None:
             raise RuntimeError("the engine publishes adapters into the run's folder: call start(run_dir) first")
-        base: list[PushedWeights] = []  # materialised once, when a server needs it
+        base: list[StreamedWeights] = []  # made once, when a server needs it
 
-        def base_source() -> PushedWeights:
+        def base_source() -> StreamedWeights:
             if not base:
                 base.append(self._source(weights.base()))
             return base[0]
@@ -366,10 +378,15 @@ class VLLMServerEngine(VLLMSampler):
             return
         name, folder = f"v{version}", self.adapter_dir / f"v{version}"
         weights.save(folder)
-        self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
+
+        def publish(servers: list[FleetServer]) -> None:
+            for server in servers:
+                self._publish(server, base_source, name, folder, version)
+
+        self._to_every_server(publish)
         self._adapter = (name, version)
 
-    def _publish(self, server: FleetServer, base: Callable[[], PushedWeights], name: str, folder: Path,
+    def _publish(self, server: FleetServer, base: Callable[[], StreamedWeights], name: str, folder: Path,
                  version: int) -> None:
         try:
             if not server.usable:
@@ -388,18 +405,56 @@ class VLLMServerEngine(VLLMSampler):
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
             self._fail(server, error)
 
-    def _push_all(self, source: PushedWeights, version: int) -> None:
-        self._to_every_server(lambda server: self._push(server, source, version))
+    def _push_all(self, source: StreamedWeights, version: int) -> None:
+        """``source`` to every server that answers, in one pass (:meth:`_push_together`); while none took it, again
+        to those that answer, unless the source is sharded (the other ranks took part in one pass: the servers that
+        missed it are re-synced at the next push)."""
+        passes = 0
 
-    def _to_every_server(self, push: Callable[[FleetServer], None]) -> None:
-        """``push`` to every server that answers (each failure takes its server out), until at least one holds the
+        def push(servers: list[FleetServer]) -> None:
+            nonlocal passes
+            if passes and source.collective:
+                raise self._unavailable()
+            passes += 1
+            if self.concurrent_push or source.collective:
+                self._push_together(servers, source, version)
+            else:
+                for server in servers:
+                    self._push(server, source, version)
+
+        try:
+            self._to_every_server(push)
+        finally:
+            if not passes:  # the other ranks wait in the gathers of a pass
+                source.take_part_in_gathers()
+
+    def _push_together(self, servers: list[FleetServer], source: StreamedWeights, version: int) -> None:
+        """Each server's push (:meth:`_push`) in a thread of its own, their transfers joined into one pass once each
+        server is paused (or out)."""
+        if len(servers) == 1:
+            self._push(servers[0], source, version)
+            return
+        together = _Together(len(servers), lambda transfers: send_together(transfers, source, self.request_timeout),
+                             source, self.request_timeout)
+
+        def push(server: FleetServer) -> None:
+            try:
+                self._push(server, source, version, send=lambda s, _: together.send(s, self._transfer(s)))
+            finally:
+                together.leave(server)
+
+        with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="ggpo-push") as pool:
+            list(pool.map(push, servers))
+
+    def _to_every_server(self, push: Callable[[list[FleetServer]], None]) -> None:
+        """``push`` to the servers that answer (each failure takes its server out), until at least one holds the
         weights; probing the others every 2 s up to ``server_timeout``, then :class:`ServersUnavailable`."""
         self._probe()
         deadline = time.monotonic() + self.server_timeout
         while True:
-            for server in self.servers:
-                if server.answering:
-                    push(server)
+            answering = [s for s in self.servers if s.answering]
+            if answering:
+                push(answering)
             if any(s.usable for s in self.servers):
                 return
             if time.monotonic() > deadline:
@@ -407,17 +462,15 @@ class VLLMServerEngine(VLLMSampler):
             time.sleep(2.0)
             self._probe()
 
-    def _push(self, server: FleetServer, source: PushedWeights, version: int, pause_mode: str | None = None,
-              raise_error: bool = False) -> None:
+    def _push(self, server: FleetServer, source: StreamedWeights, version: int, pause_mode: str | None = None,
+              raise_error: bool = False, send: Callable[[FleetServer, StreamedWeights], None] | None = None) -> None:
+        """``source`` to ``server`` (``send``: its transfer; by default on its own, :meth:`_send`)."""
         with self._lock:
             server.begin_push()  # no request goes to it while its weights change
         try:
             self._post(server, "/pause", None, self.request_timeout, params={"mode": pause_mode or self.pause_mode})
             try:
-                if server.transfer is None:
-                    server.transfer = self.transfer_init(server.url)
-                server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
-                server.transfer.send_weights()
+                (send or self._send)(server, source)
                 self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
             finally:
                 self._post(server, "/resume", None, self.request_timeout)
@@ -430,10 +483,70 @@ class VLLMServerEngine(VLLMSampler):
             if server.pushed():
                 self.counts.resyncs += 1
 
+    def _send(self, server: FleetServer, source: StreamedWeights) -> None:
+        transfer = self._transfer(server)
+        transfer.source = source  # vLLM's full-resync engines replay their source at each send
+        transfer.send_weights()
+
+    def _transfer(self, server: FleetServer) -> Any:
+        """The server's transfer engine, made at its first push (the rendezvous)."""
+        if server.transfer is None:
+            server.transfer = self.transfer_init(server.url)
+        return server.transfer
+
     def _drop_transfer(self, server: FleetServer) -> None:
         transfer, server.transfer = server.transfer, None
         if transfer is not None:
             transfer.shutdown()
+
+
+class _Together:
+    """The transfers of one push to several servers, joined into one pass: each server's thread hands in its
+    transfer engine (:meth:`send`) or drops out (:meth:`leave`, a failed pause); the last to arrive runs the pass
+    (``run``, over the transfers handed in: possibly none, then a sharded source is still passed through for the
+    other ranks' gathers), and each :meth:`send` returns, or raises its own transfer's error."""
+
+    def __init__(self, expected: int, run: Callable[[list[Any]], list[BaseException | None]],
+                 source: StreamedWeights, timeout: float) -> None:
+        self.expected, self.run, self.source, self.timeout = expected, run, source, timeout
+        self.arrived: set[str] = set()
+        self.joined: dict[str, Any] = {}
+        self.errors: dict[str, BaseException | None] | None = None
+        self.cond = threading.Condition()
+
+    def send(self, server: FleetServer, transfer: Any) -> None:
+        with self.cond:
+            self.joined[server.url] = transfer
+        self._arrive(server)
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.errors is not None, self.timeout):
+                raise TimeoutError(f"the push to {server.url} waited {self.timeout:g} s for the other servers")
+            error = self.errors[server.url]
+        if error is not None:
+            raise error
+
+    def leave(self, server: FleetServer) -> None:
+        self._arrive(server)
+
+    def _arrive(self, server: FleetServer) -> None:
+        with self.cond:
+            if server.url in self.arrived:
+                return
+            self.arrived.add(server.url)
+            if len(self.arrived) < self.expected:
+                return
+            joined = dict(self.joined)
+        errors: dict[str, BaseException | None] = {}
+        try:
+            if joined:
+                errors = dict(zip(joined, self.run(list(joined.values()))))
+            else:
+                self.source.take_part_in_gathers()
+        except BaseException as error:  # noqa: BLE001 - the pass itself failed: every server's push fails with it
+            errors = {url: error for url in joined}
+        with self.cond:
+            self.errors = errors
+            self.cond.notify_all()
 
 
 def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dtype: torch.dtype, *,
