@@ -297,3 +297,14 @@ def test_a_lora_run_publishes_the_adapter_alone_and_the_base_after_a_merge(lora_
     assert engine.servers[0].adapters == ["v2"]  # the old base's adapters unloaded
     assert [g.response_ids[0] for g in engine.greedy(prompts, 8)] == expected()
     engine.close()
+
+
+def test_the_memory_estimate_counts_the_buckets_a_push_keeps():
+    from ggpo_lightning.models.memory import PUSH_BUFFER_BYTES
+    from ggpo_lightning.rollouts.fleet.gloo_backend import DEFAULT_BUCKET_BYTES, bucket_counts
+
+    assert PUSH_BUFFER_BYTES == DEFAULT_BUCKET_BYTES
+    # consecutive tensors of one dtype up to a bucket; a larger tensor is a bucket of its own; 0: one at a time
+    assert bucket_counts([4, 4, 4, 10, 2], ["f", "f", "f", "f", "f"], 8) == [2, 1, 1, 1]
+    assert bucket_counts([4, 4, 4], ["f", "b", "b"], 100) == [1, 2]
+    assert bucket_counts([4, 4], ["f", "f"], 0) == []

@@ -34,15 +34,19 @@ def sharded_state() -> dict[str, torch.Tensor]:
 
 
 class Routes(BaseHTTPRequestHandler):
-    """Answers every route with ``{}`` (``/pause`` with a 500 when the server's ``refuse_pause`` is set) and records
-    the routes called, in order."""
+    """Answers every route with ``{}`` (``/pause`` with a 500 when the server's ``refuse_pause`` is set;
+    ``/server_info`` with the dtype it ``serves``) and records the routes called but that one, in order."""
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length") or 0))
         path = self.path.split("?")[0]
-        self.server.routes.append(path)
         status = 500 if path == "/pause" and self.server.refuse_pause else 200
-        data = json.dumps({}).encode()
+        reply = {}
+        if path == "/server_info":
+            reply = {"vllm_config": {"model_config": {"dtype": self.server.serves}}}
+        else:
+            self.server.routes.append(path)
+        data = json.dumps(reply).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
@@ -60,7 +64,7 @@ def servers():
     started = []
     for _ in range(2):
         server = ThreadingHTTPServer(("127.0.0.1", 0), Routes)
-        server.routes, server.refuse_pause = [], False
+        server.routes, server.refuse_pause, server.serves = [], False, "torch.float32"
         threading.Thread(target=server.serve_forever, daemon=True).start()
         started.append(server)
     yield started
@@ -82,7 +86,8 @@ class Recording:
         pass
 
 
-def engine_over(servers, **kwargs) -> tuple[VLLMServerEngine, dict[str, Recording]]:
+def engine_over(servers, dtype: torch.dtype = torch.bfloat16,
+                **kwargs) -> tuple[VLLMServerEngine, dict[str, Recording]]:
     transfers: dict[str, Recording] = {}
 
     def transfer_init(url: str) -> Recording:
@@ -91,7 +96,7 @@ def engine_over(servers, **kwargs) -> tuple[VLLMServerEngine, dict[str, Recordin
 
     tokenizer = SimpleNamespace(eos_token_id=2)
     urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    engine = VLLMServerEngine(urls, tokenizer, torch.bfloat16, record_logprobs=False, request_timeout=30,
+    engine = VLLMServerEngine(urls, tokenizer, dtype, record_logprobs=False, request_timeout=30,
                               server_timeout=1, transfer_init=transfer_init, **kwargs)
     return engine, transfers
 
@@ -176,3 +181,14 @@ def test_under_fsdp_rank_0_streams_the_full_weights_while_the_other_rank_takes_p
     full, other = on_two_ranks(functools.partial(_push_on_rank))
     assert other is None
     assert [name for name, _ in full] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+@pytest.mark.parametrize(("serves", "wire"), [("torch.bfloat16", torch.bfloat16), ("float32", torch.float32)])
+def test_a_float32_learner_pushes_in_the_dtype_the_servers_serve(servers, serves, wire):
+    """No float32 on the wire to servers that serve bf16 (they would cast it on arrival: the same numbers)."""
+    for server in servers:
+        server.serves = serves
+    engine, transfers = engine_over(servers, dtype=torch.float32)
+    engine.load_weights({"w": torch.ones(3)}, version=1)
+    engine.close()
+    assert [t.dtype for transfer in transfers.values() for _, t in transfer.received[0]] == [wire, wire]

@@ -158,6 +158,7 @@ class VLLMServerEngine(VLLMSampler):
         self._adapter: tuple[str, int] | None = None  # the adapter requests name, and its version
         self._base_revision: int | None = None  # of the base the servers hold (AdapterWeights.base_revision)
         self.counts = ServerCounts()
+        self._wire_dtype: torch.dtype | None = None  # what the servers serve, asked at the first push
         self._lock = threading.Condition()
         self._http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=REQUEST_THREADS)  # a connection per request thread
@@ -353,7 +354,27 @@ class VLLMServerEngine(VLLMSampler):
     # ------------------------------------------------------------------ weights
 
     def _source(self, weights: Weights) -> StreamedWeights:
-        return StreamedWeights.of(weights, self.dtype)
+        """The weights as pushed: in the serving dtype, or in the servers' own when it is narrower (servers that
+        serve bf16 would cast float32 on arrival: the same numbers, twice the bytes on the wire)."""
+        if self._wire_dtype is None:
+            self._wire_dtype = self._servers_dtype()
+        dtype = self.dtype
+        if self._wire_dtype is not None and dtype is not None and self._wire_dtype.itemsize < dtype.itemsize:
+            dtype = self._wire_dtype
+        return StreamedWeights.of(weights, dtype)
+
+    def _servers_dtype(self) -> torch.dtype | None:
+        """The dtype the first server that answers serves (``/server_info``); None when none answers yet (asked
+        again at the next push)."""
+        for server in self.servers:
+            try:
+                reply = self._http.get(server.url + "/server_info", params={"config_format": "json"}, timeout=10)
+                name = str(reply.json()["vllm_config"]["model_config"]["dtype"]).removeprefix("torch.")
+            except Exception:  # noqa: BLE001 - not answering (yet): the probes and the push deal with it
+                continue
+            dtype = getattr(torch, name, None)
+            return dtype if isinstance(dtype, torch.dtype) else None
+        return None
 
     def _publish_adapter(self, weights: AdapterWeights, version: int, rank: int) -> None:
         """The adapter to every server (loaded under the name ``v{version}``; the two newest stay loaded, for the
@@ -562,7 +583,7 @@ def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dty
                            devices=devices, extra_args=vllm_flags(config.vllm_args), max_lora_rank=lora_rank)
     return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, record_logprobs=record_logprobs, request_timeout=config.request_timeout,
                             server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet,
-                            lora_rank=lora_rank)
+                            lora_rank=lora_rank, bucket_bytes=config.push_bucket_mib << 20)
 
 
 def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:

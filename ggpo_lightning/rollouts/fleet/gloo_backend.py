@@ -50,8 +50,8 @@ from vllm.distributed.weight_transfer.base import (
 
 from ggpo_lightning.rollouts.vllm.reload import finish_reload, keep_held_weights, start_reload
 
-__all__ = ["BACKEND", "DEFAULT_BUCKET_BYTES", "GlooInitInfo", "GlooTrainerEngine", "GlooTrainerInitInfo", "GlooUpdateInfo",
-           "GlooWeightTransferEngine", "bucket_counts", "register", "send_together"]
+__all__ = ["BACKEND", "DEFAULT_BUCKET_BYTES", "GlooInitInfo", "GlooTrainerEngine", "GlooTrainerInitInfo",
+           "GlooUpdateInfo", "GlooWeightTransferEngine", "bucket_counts", "register", "send_together"]
 
 BACKEND = "ggpo_gloo"
 """The backend's name in vLLM's registries (``--weight-transfer-config '{"backend": "ggpo_gloo"}'``)."""

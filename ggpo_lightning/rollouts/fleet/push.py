@@ -80,10 +80,10 @@ class StreamedWeights:
 
 
 def transfer_engine(url: str, timeout: float, bucket_bytes: int | None = None) -> Any:
-    """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs (vLLM's own, packed; a group of
-    this process and the server's worker), ``ggpo_gloo`` elsewhere (:mod:`~ggpo_lightning.rollouts.fleet.gloo_backend`;
-    ``bucket_bytes`` per packed bucket, 0: one tensor at a time, None: its default). One group per server: a server that dies breaks
-    its own group only."""
+    """vLLM's trainer-side transfer engine for the server at ``url``: ``nccl`` on GPUs (vLLM's own, packed in buckets
+    of ``bucket_bytes``; a group of this process and the server's worker), ``ggpo_gloo`` elsewhere
+    (:mod:`~ggpo_lightning.rollouts.fleet.gloo_backend`; ``bucket_bytes`` per packed bucket, 0: one tensor at a time).
+    None: the backend's default bucket. One group per server: a server that dies breaks its own group only."""
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -95,7 +95,8 @@ def transfer_engine(url: str, timeout: float, bucket_bytes: int | None = None) -
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         info = NCCLTrainerInitInfo(rank=0, master_address=address, master_port=free_ports(address, 1)[0],
-                                   world_size=2)
+                                   world_size=2,
+                                   packed_buffer_size_bytes=bucket_bytes or gloo_backend.DEFAULT_BUCKET_BYTES)
     else:
         gloo_backend.register()
         info = gloo_backend.GlooTrainerInitInfo(rank=0, master_address=address, timeout_seconds=timeout)
