@@ -30,7 +30,9 @@ runs against real servers on CPU (and in CI):
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -60,6 +62,7 @@ DEFAULT_BUCKET_BYTES = 128 << 20
 """Bytes of one packed bucket (two are kept on each side across pushes)."""
 
 _REGISTER_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def register() -> None:
@@ -192,13 +195,19 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         buckets = _buckets(entries, update_info.bucket_counts)
         sizes = [sum(size for _, size in bucket) for bucket in buckets]
         self._buffers = buffers = _two_buffers(self._buffers, max(sizes), self.device)
+        waited, start = 0.0, time.perf_counter()
         receiving = _broadcast(self.group, buffers[0][:sizes[0]])
         for i, bucket in enumerate(buckets):
+            began = time.perf_counter()
             receiving.wait()
+            waited += time.perf_counter() - began
             if i + 1 < len(buckets):  # the next bucket arrives while this one loads
                 receiving = _broadcast(self.group, buffers[(i + 1) % 2][:sizes[i + 1]])
             self.model.load_weights(_unpacked(buffers[i % 2], bucket))
             keep_held_weights(buffers[i % 2])
+        seconds = time.perf_counter() - start
+        log.info("%s: %.0f MB in %d buckets in %.2f s: %.2f s waiting for bytes, %.2f s loading", BACKEND,
+                 sum(sizes) / 1e6, len(buckets), seconds, waited, seconds - waited)
 
     def finish_weight_update(self) -> None:
         finish_reload(self.model, self.model_config)
