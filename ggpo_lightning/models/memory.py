@@ -16,9 +16,10 @@ sharing a sharded model, ``b`` bytes of a parameter under the precision):
   bytes`` per token of its batch); a colocated vLLM engine takes ``gpu_memory_utilization`` of the device while it
   generates and sleeps (weights offloaded, cache freed) while the learner trains; vLLM servers (``vllm_server``) hold
   nothing on the learner's devices, and a push to them takes, in the learner's thread between two updates, one full
-  tensor at a time in the engine's dtype (the largest: the ``V * hidden`` embedding; gathered on every rank of a
-  sharded learner, none of which keeps it) and two packed buckets of :data:`PUSH_BUFFER_BYTES` (counted as the
-  engine's part "while generating").
+  tensor at a time (the largest: the ``V * hidden`` embedding; gathered on every rank of a sharded learner, none of
+  which keeps it: the gather's staging and its result in the learner's precision, its cast to the engine's dtype)
+  and two packed buckets of :data:`PUSH_BUFFER_BYTES` (counted as the engine's part "while generating"; measured
+  by ``benchmarks/push_memory.py``).
 
 The engine generates and the learner runs its forward and backward at different times (in sync mode; in async
 mode both parts add up), so
@@ -212,7 +213,8 @@ def estimate_memory(shape: ModelShape, *, precision: Any = "32-true", world_size
     head = 3 * min(logprob_chunk_size, micro_batch_tokens) * shape.vocab * 4
     copy_bytes = param_bytes if engine_bytes is None else engine_bytes
     if engine == "vllm_server":  # on servers of their own; a push: the largest tensor gathered, two buckets packed
-        resident, generating = 0, shape.vocab * shape.hidden * copy_bytes + 2 * PUSH_BUFFER_BYTES
+        resident = 0
+        generating = shape.vocab * shape.hidden * (2 * param_bytes + copy_bytes) + 2 * PUSH_BUFFER_BYTES
     elif vllm_memory is not None:
         resident, generating = 0, vllm_memory
     else:

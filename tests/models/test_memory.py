@@ -85,7 +85,7 @@ def test_the_engine_generates_while_the_learner_waits_unless_async(shape):
     servers = estimate_memory(shape, micro_batch_tokens=1, engine="vllm_server", engine_bytes=2)  # devices of their own
     # a push streams: one full tensor at a time (the embedding the largest) and two packed buckets, never the model
     assert servers.engine_resident == 0
-    assert servers.engine_generating == shape.vocab * shape.hidden * 2 + 2 * PUSH_BUFFER_BYTES
+    assert servers.engine_generating == shape.vocab * shape.hidden * (2 * 4 + 2) + 2 * PUSH_BUFFER_BYTES
 
 
 def test_the_advice_names_the_part_that_would_make_it_fit(shape):
