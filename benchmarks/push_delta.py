@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{os.environ['OMP_NUM_THREADS']}, load average {os.getloadavg()[0]:.2f}", flush=True)
         print("\n| model | lr | bf16 elements | changed after " + " | ".join(f"{k} update(s)" for k in SYNC_EVERY)
               + " | delta / full bytes at " + ", ".join(str(k) for k in SYNC_EVERY) + " | finding them s |\n|"
-              + "---|" * (4 + len(SYNC_EVERY)))
+              + "---|" * (5 + len(SYNC_EVERY)))
         for name in args.models:
             folder = model_folder(root, name)
             for lr in args.lrs:

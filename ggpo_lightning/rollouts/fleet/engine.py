@@ -119,8 +119,8 @@ class VLLMServerEngine(VLLMSampler):
         bucket_bytes: bytes of one packed bucket of a ``ggpo_gloo`` push (0: one tensor at a time; None: the
             backend's default, 128 MiB).
         concurrent_push: push every server in one pass (False: one server after the other, each with a pass of its
-            own; a comparison for benchmarks, refused for a sharded learner, whose other ranks take part in one
-            pass).
+            own, a comparison for benchmarks; a sharded learner is always pushed in one pass, its other ranks take
+            part in one).
 
     With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank waits at a
     barrier after a push.
