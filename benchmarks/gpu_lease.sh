@@ -6,7 +6,8 @@
 #      (32 prompts x 8 responses x 1024 new tokens, micro-batches of 32768 tokens, gradient checkpointing)
 #   3. MODE=async: the default smoke with rollouts in the producer thread
 # The first also runs gpu_smoke.sh's servers check (without vLLM: the vllm_server recipe prints, its preflight
-# names the missing vLLM; under SERVERS_TIMEOUT); the others skip it (SKIP_SERVERS=1).
+# names the missing vLLM; under SERVERS_TIMEOUT) and its NCCL push check (the push's wire, benchmarks/nccl_push.py);
+# the others skip both (SKIP_SERVERS=1 SKIP_NCCL_PUSH=1).
 # For a machine whose Python has torch, lightning and transformers but not the rest (no package index
 # there): build the wheels here first, carry `.whl`, and this script installs them into /tmp/site:
 #   python -m pip wheel --no-deps --no-build-isolation . -w .whl
@@ -50,7 +51,7 @@ check() {  # check NAME CAP_SECONDS ENV=VALUE...
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $(($(date +%s) - t0))s" | tee -a "$OUT/summary.txt"
     sed 's/^[0-9:]* //' "$OUT/$name.log" \
-        | grep -E "^(step |median|responses|peak|vLLM slept|  total|summary written|gpu_smoke: servers|  --print_config|  preflight|  ggpo serve|  [0-9]+ steps on the server)|Error|error:" \
+        | grep -E "^(step |median|responses|peak|vLLM slept|  total|summary written|gpu_smoke: servers|nccl_push:|  --print_config|  preflight|  ggpo serve|  [0-9]+ steps on the server)|Error|error:" \
         | tail -40 | tee -a "$OUT/summary.txt"
     cp "$WORK_ROOT/lease-$name/runs/smoke/version_0/metrics.csv" "$OUT/$name-metrics.csv" 2>/dev/null || true
 }
@@ -59,8 +60,8 @@ for name in ${CHECKS:-smoke qwen3 async}; do
     case $name in
         smoke) check smoke "${SMOKE_CAP:-110}" STEPS="${SMOKE_STEPS:-10}" ;;
         qwen3) check qwen3 "${QWEN_CAP:-330}" SHAPE=qwen3-1.7b ENGINE=hf STEPS="${QWEN_STEPS:-3}" EXTRA="${QWEN_EXTRA:-}" \
-               SKIP_SERVERS=1 ;;
-        async) check async 90 MODE=async STEPS=8 SKIP_SERVERS=1 ;;
+               SKIP_SERVERS=1 SKIP_NCCL_PUSH=1 ;;
+        async) check async 90 MODE=async STEPS=8 SKIP_SERVERS=1 SKIP_NCCL_PUSH=1 ;;
         *) echo "gpu_lease: unknown check $name (smoke, qwen3, async)" >&2; exit 2 ;;
     esac
 done

@@ -43,8 +43,13 @@
 # The first weight push's order (tests/training/test_rollout_loop.py, its GPU case: pushed tensors on the learner's GPU,
 # after the strategy's setup, once on resume), capped at PUSH_ORDER_TIMEOUT seconds (default 180), skipped with
 # SKIP_PUSH_ORDER=1.
+# The weight push's wire on GPUs (issue 56; benchmarks/nccl_push.py, no vLLM needed): Qwen3-1.7B's state dict in
+# bf16 (151936-token vocabulary) packed into 128 MiB buckets and broadcast over NCCL from GPU 0 to GPU 1, bucket i+1
+# packed while bucket i is in flight; the seconds, GB/s and the packing's alone (on one GPU the packing only: NCCL
+# cannot join two processes on one GPU). Capped at NCCL_PUSH_TIMEOUT seconds (default 180), skipped with
+# SKIP_NCCL_PUSH=1 and without a GPU; NCCL_PUSH_ARGS adds flags (e.g. "--bucket-mib 512").
 # Exit status is ggpo-train's; 3 when it succeeded but a servers check failed, 4 when the profile failed, 5 when the
-# push order failed.
+# push order failed, 6 when the NCCL push failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -286,6 +291,21 @@ if [ "$SKIP_PROFILE" != 1 ]; then
         profile_failed=1
     fi
 fi
+# the weight push's wire over NCCL (issue 56): what a push to servers on other GPUs could reach, without vLLM
+nccl_push_failed=0
+if [ "${SKIP_NCCL_PUSH:-0}" != 1 ] && [ "$ACCELERATOR" = gpu ]; then
+    set +e
+    timeout "${NCCL_PUSH_TIMEOUT:-180}" "$PY" benchmarks/nccl_push.py ${NCCL_PUSH_ARGS:-} > "$WORK/nccl_push.log" 2>&1
+    code=$?
+    set -e
+    if [ "$code" -eq 0 ]; then
+        grep "^nccl_push:" "$WORK/nccl_push.log"
+    else
+        echo "gpu_smoke: NCCL push FAILED (exit $code): $(tail -n 3 "$WORK/nccl_push.log")" >&2
+        nccl_push_failed=1
+    fi
+fi
 [ "$servers_failed" = 0 ] || exit 3
 [ "$profile_failed" = 0 ] || exit 4
 [ "$push_order_failed" = 0 ] || exit 5
+[ "$nccl_push_failed" = 0 ] || exit 6

@@ -21,13 +21,19 @@ the colocated engine per round (median and min-max: the figure to read on a shar
 this process per round (the whole engine for ``colocated``; the HTTP client, JSON and decoding for the servers).
 
 **push**: per model of ``--push-models`` (``tiny``, ``m30``: the workload's; ``qwen3-0.5b``: a Qwen3-shaped model
-with random weights, Qwen3-0.6B's decoder with a 32768-token vocabulary), a fleet of two servers, then ``--blocks``
-blocks; each block makes a fresh engine over 1 server and one over 2 (order alternating), times its first
-``load_weights`` (the gloo rendezvous included) and ``--push-rounds`` later ones, and closes it. Prints seconds and
-GB/s (the bytes pushed: every tensor of the learner's state dict, fp32) of the first push and of the later ones
-(median), and the split of the first and of a later push (summed over the servers): ``pause``, ``start`` (vLLM's layer-wise reload set-up),
-``update`` (the broadcast, each tensor loaded as it arrives), ``finish`` (the reload's weight processing),
-``version+resume``; ``--colocated-push`` adds the colocated engine's ``load_weights`` (in-process, no transport).
+with random weights, Qwen3-0.6B's decoder with a 32768-token vocabulary), a fleet of two servers (fp32), then
+``--blocks`` blocks; each block makes a fresh engine per server count (1, 2) and push design (``--designs``:
+``today``, one tensor at a time, one server after the other; ``bucketed``, packed buckets with receive and load
+overlapped, one server after the other; ``concurrent``, the buckets to every server at once), in a rotating order,
+times its first ``load_weights`` (the gloo rendezvous included) and ``--push-rounds`` later ones, and closes it.
+Prints per row the later pushes' seconds (median, min-max: what the learner is blocked for, ``load_weights`` runs
+in its thread), GB/s per server (every tensor of the state dict, fp32, reaches each server), the ratio to a bare
+gloo broadcast of the same bytes to one other process measured in the same run (buckets into two kept buffers: the
+wire's speed here), the ratio to ``today`` at the same server count, and the seconds each server is paused.
+
+The table of docs/PERFORMANCE.md ("Weight push: designs"), in one line:
+
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/vllm_servers.py --measure push --blocks 2
 """
 
 from __future__ import annotations
@@ -56,7 +62,6 @@ QWEN3_05B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads"
 """Qwen3-0.6B's decoder (28 layers, 1024 wide, 16 query / 8 key-value heads of 128, MLP 3072, tied embedding) with a
 32768-token vocabulary: 0.47B parameters."""
 PUSH_MODELS = (*MODELS, "qwen3-0.5b")
-PHASES = ("pause", "init", "start", "update", "finish", "version+resume")
 MAX_MODEL_LEN = 128
 
 
@@ -71,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--push-models", nargs="+", choices=PUSH_MODELS, default=list(PUSH_MODELS))
     parser.add_argument("--blocks", type=int, default=2, help="fresh engines per server count and model")
     parser.add_argument("--push-rounds", type=int, default=3, help="later pushes per engine")
-    parser.add_argument("--colocated-push", action="store_true", help="also time the colocated engine's load_weights")
+    parser.add_argument("--designs", nargs="+", choices=list(DESIGNS), default=list(DESIGNS), help="push designs")
     parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache of every vLLM instance")
     parser.add_argument("--work", type=Path, help="model folders and server logs (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -139,14 +144,11 @@ class Fleets:
         self.name, self.fleet = None, None
 
 
-def server_engine(urls: list[str], tokenizer, timer: PhaseTimer | None = None):
+def server_engine(urls: list[str], tokenizer, **push):
     from ggpo_lightning.rollouts.fleet.engine import VLLMServerEngine
 
-    engine = VLLMServerEngine(urls, tokenizer, torch.float32, record_logprobs=True, request_timeout=900,
-                              server_timeout=300)
-    if timer is not None:
-        timer.attach(engine)
-    return engine
+    return VLLMServerEngine(urls, tokenizer, torch.float32, record_logprobs=True, request_timeout=900,
+                            server_timeout=300, **push)
 
 
 def colocated_engine(folder: Path, tokenizer, kv_bytes: int):
@@ -231,117 +233,142 @@ def measure_generate(args: argparse.Namespace, root: Path, fleets: Fleets) -> di
 # ---------------------------------------------------------------------------------------------------- push
 
 
-class PhaseTimer:
-    """Seconds per phase of the pushes of the engines it is attached to, summed over the servers of one push."""
+DESIGNS = {"today": {"bucket_bytes": 0, "concurrent_push": False},
+           "bucketed": {"bucket_bytes": None, "concurrent_push": False},
+           "concurrent": {"bucket_bytes": None, "concurrent_push": True}}
+"""The push designs compared: one tensor at a time to one server after the other (before issue 56); packed buckets,
+receive and load overlapped, one server after the other; packed buckets to every server at once (the default)."""
 
-    def __init__(self) -> None:
-        self.current: dict[str, float] = defaultdict(float)
 
-    def take(self) -> dict[str, float]:
-        current, self.current = self.current, defaultdict(float)
-        return dict(current)
+class PauseTimer:
+    """Seconds each server of an engine's push spends paused (``/pause`` sent to ``/resume`` answered)."""
 
-    def _timed(self, phase: str, call):
-        def wrapper(*a, **kw):
-            start = time.perf_counter()
-            try:
-                return call(*a, **kw)
-            finally:
-                self.current[phase] += time.perf_counter() - start
-        return wrapper
-
-    def attach(self, engine) -> None:
-        routes = {"/pause": "pause", "/update_weight_version": "version+resume", "/resume": "version+resume"}
+    def __init__(self, engine) -> None:
+        self.paused: list[float] = []
+        self._since: dict[str, float] = {}
         post = engine._post
 
         def timed_post(server, route, *a, **kw):
-            return self._timed(routes.get(route, route), post)(server, route, *a, **kw)
+            if route == "/pause":
+                self._since[server.url] = time.perf_counter()
+            try:
+                return post(server, route, *a, **kw)
+            finally:
+                if route == "/resume":
+                    self.paused.append(time.perf_counter() - self._since.pop(server.url))
 
         engine._post = timed_post
-        init = engine.transfer_init
 
-        def timed_init(url: str):
-            transfer = self._timed("init", init)(url)
-            client = transfer.client
-            client.start_weight_update = self._timed("start", client.start_weight_update)
-            client.finish_weight_update = self._timed("finish", client.finish_weight_update)
-            send = transfer.send_weights
+    def take(self) -> list[float]:
+        paused, self.paused = self.paused, []
+        return paused
 
-            def timed_send():  # update = the send less its start and finish calls
-                before = self.current["start"] + self.current["finish"]
-                start = time.perf_counter()
-                send()
-                self.current["update"] += time.perf_counter() - start - (self.current["start"] + self.current["finish"]
-                                                                         - before)
-            transfer.send_weights = timed_send
-            return transfer
 
-        engine.transfer_init = timed_init
+def _bare_receiver(port: int, sizes: list[int], rounds: int) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=600))
+    group = dist.ProcessGroupGloo(store, 1, 2, datetime.timedelta(seconds=600))
+    buffers = [torch.empty(max(sizes), dtype=torch.uint8) for _ in range(2)]
+    for _ in range(rounds):
+        for i, size in enumerate(sizes):
+            group.broadcast([buffers[i % 2][:size]]).wait()
+
+
+def bare_broadcast(nbytes: int, bucket_bytes: int, rounds: int) -> list[float]:
+    """Seconds of a bare gloo broadcast of ``nbytes`` to one other process, in buckets of ``bucket_bytes`` into two
+    buffers it keeps (the wire's speed on this machine: no packing, no loading); the first of ``rounds`` (which
+    touches the receiver's memory) left out."""
+    import datetime
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    sizes = [bucket_bytes] * (nbytes // bucket_bytes) + ([nbytes % bucket_bytes] if nbytes % bucket_bytes else [])
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=600))
+    receiver = mp.get_context("spawn").Process(target=_bare_receiver, args=(store.port, sizes, rounds + 1))
+    receiver.start()
+    group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=600))
+    buffers = [torch.ones(max(sizes), dtype=torch.uint8) for _ in range(2)]
+    seconds = []
+    for _ in range(rounds + 1):
+        start = time.perf_counter()
+        works = [group.broadcast([buffers[i % 2][:size]]) for i, size in enumerate(sizes)]
+        for work in works:
+            work.wait()
+        seconds.append(time.perf_counter() - start)
+    receiver.join(60)
+    return seconds[1:]
 
 
 def measure_push(args: argparse.Namespace, root: Path, fleets: Fleets) -> dict:
-    kv_bytes = fleets.kv_bytes
+    from ggpo_lightning.rollouts.fleet.gloo_backend import DEFAULT_BUCKET_BYTES
+
     figures = {}
-    print(f"push: fp32, {args.blocks} fresh engines per server count, each timing its first push and "
-          f"{args.push_rounds} later ones; {load_info()}", flush=True)
+    print(f"push: fp32, designs {', '.join(args.designs)}; {args.blocks} block(s), each a fresh engine per server "
+          f"count and design (order rotating), timing its first push and {args.push_rounds} later ones; "
+          f"{load_info()}", flush=True)
     models = sorted(args.push_models, key=lambda name: name != fleets.name)  # the running fleet's model first
     for name in models:
         folder = model_folder(root, name)
         tokenizer = load_tokenizer(folder)
         learner = load_causal_lm(folder, dtype="float32").eval()
         parameters = sum(p.numel() for p in learner.parameters())
-        state = learner.state_dict()
-        pushed = sum(t.numel() * t.element_size() for t in state.values())
-        first: dict[str, list[float]] = defaultdict(list)
+        pushed = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
+        bare = bare_broadcast(pushed, DEFAULT_BUCKET_BYTES, max(3, args.push_rounds))
         later: dict[str, list[float]] = defaultdict(list)
-        phases: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
+        first: dict[str, list[float]] = defaultdict(list)
+        paused: dict[str, list[float]] = defaultdict(list)
         fleet = fleets.of(name, folder)
-        configs = {"1 server": fleet.urls[:1], "2 servers": fleet.urls}
-        colocated = None
-        if args.colocated_push:
-            colocated = colocated_engine(folder, tokenizer, kv_bytes)
-            _ = colocated.llm  # built now: its pushes below are weight loads only
+        configs = [(design, count) for count in (1, 2) for design in args.designs]
         version = 0
         for block in range(args.blocks):
-            order = list(configs) if block % 2 == 0 else list(reversed(configs))
-            for config in order:
-                timer = PhaseTimer()
-                engine = server_engine(configs[config], tokenizer, timer)
+            for config in configs[block % len(configs):] + configs[:block % len(configs)]:
+                design, count = config
+                engine = server_engine(fleet.urls[:count], tokenizer, **DESIGNS[design])
+                timer = PauseTimer(engine)
+                key = f"{design}|{count}"
                 for r in range(args.push_rounds + 1):
                     version += 1
                     start = time.perf_counter()
                     engine.load_weights(learner, version=version)
                     seconds = time.perf_counter() - start
-                    if engine.alive != len(configs[config]):
-                        raise RuntimeError(f"a push to {config} failed: see the logs under {root / 'logs'}")
-                    (first if r == 0 else later)[config].append(seconds)
-                    phases[(config, "first" if r == 0 else "later")].append(timer.take())
+                    if engine.alive != count:
+                        raise RuntimeError(f"a push to {count} server(s) failed: see the logs under {root / 'logs'}")
+                    (first if r == 0 else later)[key].append(seconds)
+                    if r:
+                        paused[key].extend(timer.take())
+                    timer.take()
                 engine.close()
-            if colocated is not None:
-                for r in range(args.push_rounds + 1):
-                    start = time.perf_counter()
-                    colocated.load_weights(learner, version=block)
-                    later["colocated"].append(time.perf_counter() - start)
-        figures[name] = {"parameters": parameters, "bytes": pushed, "first_s": dict(first), "later_s": dict(later),
-                         "phases_s": {f"{c} {which}": {p: statistics.median(s.get(p, 0.0) for s in splits)
-                                                       for p in PHASES} for (c, which), splits in phases.items()}}
-        del learner, state
+        figures[name] = {"parameters": parameters, "bytes": pushed, "bare_s": bare, "first_s": dict(first),
+                         "later_s": dict(later), "paused_s": dict(paused)}
+        del learner
         print(f"  {name} done; {load_info()}", flush=True)
-    print("\n| model | parameters | GB pushed (fp32) | to | first push s | later push s (median, min-max) | "
-          "later GB/s |\n|---|---|---|---|---|---|---|")
-    for name, f in figures.items():
-        for config, seconds in f["later_s"].items():
-            gb = f["bytes"] / 1e9 * (2 if config == "2 servers" else 1)
-            firsts = f["first_s"].get(config, [])
-            first_text = f"{statistics.median(firsts):.2f} ({spread(firsts)})" if firsts else "-"
-            print(f"| {name} | {f['parameters'] / 1e6:.1f}M | {f['bytes'] / 1e9:.3f} | {config} | {first_text} | "
-                  f"{statistics.median(seconds):.2f} ({spread(seconds)}) | {gb / statistics.median(seconds):.2f} |")
-    print("\nsplit of a push, median s (summed over the servers):\n| model | to, push | "
-          + " | ".join(PHASES) + " |\n|---|---|" + "---|" * len(PHASES))
-    for name, f in figures.items():
-        for config, split in f["phases_s"].items():
-            print(f"| {name} | {config} | " + " | ".join(f"{split[p]:.3f}" for p in PHASES) + " |")
+    print_push_table(figures)
     return figures
+
+
+def print_push_table(figures: dict) -> None:
+    print("\n| model | GB per server (fp32) | servers | design | later push s (median, min-max) | GB/s per server | "
+          "x bare gloo | x today's | learner blocked s | paused s per server | first push s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, f in figures.items():
+        gb = f["bytes"] / 1e9
+        bare_rate = gb / statistics.median(f["bare_s"])
+        for key, seconds in f["later_s"].items():
+            design, count = key.split("|")
+            median = statistics.median(seconds)
+            today = f["later_s"].get(f"today|{count}")
+            ratio = f"{median / statistics.median(today):.2f}" if today else "-"
+            paused = f["paused_s"].get(key) or [0.0]
+            print(f"| {name} | {gb:.3f} | {count} | {design} | {median:.2f} ({spread(seconds)}) | {gb / median:.2f} | "
+                  f"{gb / median / bare_rate:.2f} | {ratio} | {median:.2f} | {statistics.median(paused):.2f} | "
+                  f"{statistics.median(f['first_s'][key]):.2f} |")
+        print(f"| {name} | {gb:.3f} | 1 | bare gloo broadcast | {statistics.median(f['bare_s']):.2f} "
+              f"({spread(f['bare_s'])}) | {bare_rate:.2f} | 1.00 | - | - | - | - |")
 
 
 def main(argv: list[str] | None = None) -> None:

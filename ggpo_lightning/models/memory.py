@@ -14,7 +14,12 @@ sharing a sharded model, ``b`` bytes of a parameter under the precision):
 - the rollout engine: the HF engine (and vLLM on CPU) keeps its copy of the weights (``P * engine bytes``; none when
   it samples with the learner itself) and, while it generates, its KV cache (``2 * layers * kv_heads * head_dim *
   bytes`` per token of its batch); a colocated vLLM engine takes ``gpu_memory_utilization`` of the device while it
-  generates and sleeps (weights offloaded, cache freed) while the learner trains.
+  generates and sleeps (weights offloaded, cache freed) while the learner trains; vLLM servers (``vllm_server``) hold
+  nothing on the learner's devices, and a push to them takes, in the learner's thread between two updates, one full
+  tensor at a time (the largest: the ``V * hidden`` embedding; gathered on every rank of a sharded learner, none of
+  which keeps it: the gather's staging and its result in the learner's precision, its cast to the engine's dtype)
+  and two packed buckets of :data:`PUSH_BUFFER_BYTES` (counted as the engine's part "while generating"; measured
+  by ``benchmarks/push_memory.py``).
 
 The engine generates and the learner runs its forward and backward at different times (in sync mode; in async
 mode both parts add up), so
@@ -29,10 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryEstimate", "ModelShape", "available_host_memory", "estimate_memory", "layer_bytes_per_token",
-           "model_shape", "precision_bytes"]
+__all__ = ["PUSH_BUFFER_BYTES", "MemoryEstimate", "ModelShape", "available_host_memory", "estimate_memory",
+           "layer_bytes_per_token", "model_shape", "precision_bytes"]
 
 GB = 1e9
+
+PUSH_BUFFER_BYTES = 128 << 20
+"""One packed bucket of a push to vLLM servers (``ggpo_gloo``'s ``DEFAULT_BUCKET_BYTES``, vLLM's packed ``nccl`` as
+the package sets it up); a push keeps two."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +212,9 @@ def estimate_memory(shape: ModelShape, *, precision: Any = "32-true", world_size
         else shape.layers * per_layer  # checkpointed: each layer's input, and one layer recomputed at a time
     head = 3 * min(logprob_chunk_size, micro_batch_tokens) * shape.vocab * 4
     copy_bytes = param_bytes if engine_bytes is None else engine_bytes
-    if engine == "vllm_server":  # on servers of their own
-        resident, generating = 0, 0
+    if engine == "vllm_server":  # on servers of their own; a push: the largest tensor gathered, two buckets packed
+        resident = 0
+        generating = shape.vocab * shape.hidden * (2 * param_bytes + copy_bytes) + 2 * PUSH_BUFFER_BYTES
     elif vllm_memory is not None:
         resident, generating = 0, vllm_memory
     else:

@@ -94,6 +94,9 @@ class RolloutConfig:
     taken out and the request sent to another."""
     server_timeout: float = 300.0
     """``engine: vllm_server``: seconds without any usable server before the run aborts (``aborted.ckpt``)."""
+    push_bucket_mib: int = 128
+    """``engine: vllm_server``: MiB of one packed bucket of a weight push (the trainer and each server keep two);
+    0: one tensor at a time."""
     schedule: str = "sync"
     """``sync``: generation and training take turns; ``async``: a producer thread generates the next steps' groups
     with the engine's current weights while the learner trains (:mod:`~ggpo_lightning.rollouts.producer`; one
@@ -163,6 +166,9 @@ class RolloutConfig:
             errors.append("model.rollout.server_devices places local servers; set model.rollout.servers: local:N")
         if not (self.request_timeout > 0 and self.server_timeout > 0):
             errors.append("model.rollout.request_timeout and model.rollout.server_timeout must be > 0 (seconds)")
+        if not (isinstance(self.push_bucket_mib, int) and self.push_bucket_mib >= 0):
+            errors.append(f"model.rollout.push_bucket_mib must be an integer >= 0 (MiB; 0: one tensor at a time), "
+                          f"got {self.push_bucket_mib!r}")
         return errors
 
     @property
@@ -231,7 +237,7 @@ ASYNC_WORKERS = ("process", "thread")
 IN_FLIGHT_UPDATES = ("keep", "drain")
 
 
-SERVER_KEYS = ("servers", "server_devices", "server_logprobs", "request_timeout", "server_timeout")
+SERVER_KEYS = ("servers", "server_devices", "server_logprobs", "request_timeout", "server_timeout", "push_bucket_mib")
 """The keys of ``model.rollout`` that only ``engine: vllm_server`` reads. Flat beside the others, not a group of their
 own: recipes users hold name them so, and a rename would break those recipes for a tidier tree."""
 _DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}

@@ -192,22 +192,46 @@ def test_vllm_generate_times_both_engines():
 @pytest.mark.vllm
 def test_vllm_servers_prints_the_generate_and_push_tables(tmp_path):
     """``vllm_servers.py`` at toy size: one fleet of two servers of the tiny workload model for both tables; the
-    generate table has the colocated engine and 1 and 2 servers, the push table the first and later pushes to 1 and
-    2 servers with their split (the rendezvous only in the first)."""
+    generate table has the colocated engine and 1 and 2 servers, the push table a row per server count and design
+    (with its ratio to today's design at the same count) and the bare gloo broadcast it is compared with."""
     pytest.importorskip("vllm")
     stdout = run_script("vllm_servers.py", "--prompts", "2", "--k", "2", "--max-new-tokens", "4", "--rounds", "1",
                         "--push-models", "tiny", "--blocks", "1", "--push-rounds", "1", "--kv-cache-mib", "64",
                         "--work", str(tmp_path), "--json", str(tmp_path / "figures.json"), timeout=300)
     generate = dict(re.findall(r"^\| (colocated|1 server|2 servers) \| ([\d.]+) \|", stdout, flags=re.M))
     assert set(generate) == {"colocated", "1 server", "2 servers"} and all(float(x) > 0 for x in generate.values())
-    pushes = re.findall(r"^\| tiny \| 1\.1M \| 0\.004 \| (1 server|2 servers) \| ([\d.]+) ", stdout, flags=re.M)
-    assert [to for to, _ in pushes] == ["1 server", "2 servers"] and all(float(s) > 0 for _, s in pushes)
-    splits = dict(re.findall(r"^\| tiny \| (\d servers? (?:first|later)) \| [\d.]+ \| ([\d.]+) \|", stdout, flags=re.M))
-    assert set(splits) == {f"{to} {which}" for to in ("1 server", "2 servers") for which in ("first", "later")}
-    assert float(splits["1 server later"]) == 0 < float(splits["1 server first"])  # init: the rendezvous, once
+    pushes = re.findall(r"^\| tiny \| 0\.004 \| (\d) \| (today|bucketed|concurrent) \| ([\d.]+) .*\| ([\d.]+|-) \| "
+                        r"[\d.]+ \| [\d.]+ \| [\d.]+ \|$", stdout, flags=re.M)
+    assert {(count, design) for count, design, _, _ in pushes} == {
+        (count, design) for count in "12" for design in ("today", "bucketed", "concurrent")}
+    assert all(float(seconds) > 0 for _, _, seconds, _ in pushes)
+    assert all(ratio == "1.00" for _, design, _, ratio in pushes if design == "today")
+    assert re.search(r"^\| tiny \| 0\.004 \| 1 \| bare gloo broadcast \| [\d.]+ ", stdout, flags=re.M)
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert figures["generate"]["engines"]["2 servers"]["responses"] == 2 * 2
     assert figures["push"]["tiny"]["bytes"] == 4 * 1_054_848 + 4 * 40 * 128  # fp32; the tied output layer again
+
+
+def test_push_delta_prints_the_share_of_weights_that_change():
+    stdout = run_script("push_delta.py", "--models", "tiny", "--lrs", "1e-4")
+    (row,) = re.findall(r"^\| tiny \| 0\.0001 \| 1\.1M \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+)% \|", stdout, flags=re.M)
+    shares = [float(x) for x in row]
+    assert 0 < shares[0] <= 100 and all(0 < x <= 100 for x in shares)
+
+
+def test_push_memory_measures_both_designs_on_two_ranks():
+    stdout = run_script("push_memory.py", "--model", "tiny")
+    rows = dict(re.findall(r"^\| (materialised|streamed) \| ([\d-]+) \| [\d-]+ \|$", stdout, flags=re.M))
+    assert set(rows) == {"materialised", "streamed"}
+
+
+def test_nccl_push_dry_run_on_cpu_over_gloo():
+    stdout = run_script("nccl_push.py", "--backend", "gloo", "--device", "cpu", "--layers", "1", "--hidden", "64",
+                        "--intermediate", "128", "--kv-dim", "32", "--vocab", "256", "--rounds", "1",
+                        "--bucket-mib", "1")
+    figures = json.loads(stdout.strip().splitlines()[-1])
+    assert figures["bytes"] == 2 * (256 * 64 + 64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3 + 64 * 2 + 64)
+    assert figures["push_median_s"] > 0 and figures["packing_median_s"] > 0
 
 
 def test_rollout_logprobs_times_the_three_ways_and_checks_they_agree():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen3Config
 
-from ggpo_lightning.models.memory import estimate_memory, layer_bytes_per_token, model_shape
+from ggpo_lightning.models.memory import PUSH_BUFFER_BYTES, estimate_memory, layer_bytes_per_token, model_shape
 
 # vocabulary 100, hidden 32, MLP 64, 2 layers, 2 heads of 16 (Q = 32), 1 key/value head (KV = 16), tied embeddings
 CONFIG = Qwen3Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -82,8 +82,10 @@ def test_the_engine_generates_while_the_learner_waits_unless_async(shape):
     assert shared.engine_resident == 0
     vllm = estimate_memory(shape, micro_batch_tokens=1, engine="vllm", vllm_memory=10**9)
     assert (vllm.engine_resident, vllm.engine_generating) == (0, 10**9)  # asleep while the learner trains
-    servers = estimate_memory(shape, micro_batch_tokens=1, engine="vllm_server")  # on devices of their own
-    assert servers.engine_resident + servers.engine_generating == 0
+    servers = estimate_memory(shape, micro_batch_tokens=1, engine="vllm_server", engine_bytes=2)  # devices of their own
+    # a push streams: one full tensor at a time (the embedding the largest) and two packed buckets, never the model
+    assert servers.engine_resident == 0
+    assert servers.engine_generating == shape.vocab * shape.hidden * (2 * 4 + 2) + 2 * PUSH_BUFFER_BYTES
 
 
 def test_the_advice_names_the_part_that_would_make_it_fit(shape):

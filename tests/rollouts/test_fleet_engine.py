@@ -76,18 +76,39 @@ def learner_logprobs(model, prompt: list[int], response: list[int]) -> torch.Ten
     return logp[0, len(prompt) - 1:-1].gather(-1, torch.tensor(response)[:, None])[:, 0]  # [R]
 
 
-def test_after_a_push_each_servers_greedy_tokens_equal_the_learners(fleet, learner, tok):
+@pytest.mark.parametrize("bucket_bytes", [None, 0, 16 << 10], ids=["buckets", "one-tensor-at-a-time", "tiny-buckets"])
+def test_after_a_push_each_servers_greedy_tokens_equal_the_learners(fleet, learner, tok, bucket_bytes):
     """The learner's moved weights (the tied output layer included: vLLM's CPU kernels keep a packed copy of it,
-    which a push that skips it would leave old) reach each server; its greedy tokens then equal transformers'."""
+    which a push that skips it would leave old) reach each server; its greedy tokens then equal transformers'. For
+    every way of sending them: packed buckets, one tensor at a time, and buckets so small that a layer spans
+    several, each receive buffer reused many times (what the reload still holds of one is copied out first)."""
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
     expected = [hf_greedy(learner, tok, p, 8) for p in prompts]
     for url in fleet.urls:  # each server on its own: an engine of one
-        engine = engine_for([url], tok)
-        engine.load_weights(learner, version=3)
+        engine = engine_for([url], tok, bucket_bytes=bucket_bytes)
+        for version in (3, 4):  # the second push reuses the buffers of the first
+            engine.load_weights(learner, version=version)
         generations = engine.greedy(prompts, 8)
         engine.close()
         assert [g.response_ids[0] for g in generations] == expected, url
-        assert all(g.versions == [[3, 3]] for g in generations)
+        assert all(g.versions == [[4, 4]] for g in generations)
+
+
+@pytest.mark.parametrize("concurrent_push", [True, False], ids=["at-once", "one-after-the-other"])
+def test_a_push_to_both_servers_gives_each_the_learners_greedy_tokens(fleet, learner, tok, concurrent_push):
+    """One push to both servers (one pass over the weights, each bucket broadcast to both at once; or one server
+    after the other): every reply, whichever server gave it, is transformers' greedy continuation."""
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    expected = [hf_greedy(learner, tok, p, 8) for p in prompts]
+    engine = engine_for(fleet.urls, tok, bucket_bytes=64 << 10, concurrent_push=concurrent_push)
+    try:
+        engine.load_weights(learner, version=5)
+        assert engine.alive == 2
+        generations = engine.greedy(prompts, 8)
+    finally:
+        engine.close()
+    assert [g.response_ids[0] for g in generations] == expected
+    assert all(g.versions == [[5, 5]] for g in generations)
 
 
 def test_sampled_responses_carry_the_learners_log_probs_and_one_seed_per_prompt(fleet, learner, tok):
@@ -277,3 +298,14 @@ def test_a_lora_run_publishes_the_adapter_alone_and_the_base_after_a_merge(lora_
     assert engine.servers[0].adapters == ["v2"]  # the old base's adapters unloaded
     assert [g.response_ids[0] for g in engine.greedy(prompts, 8)] == expected()
     engine.close()
+
+
+def test_the_memory_estimate_counts_the_buckets_a_push_keeps():
+    from ggpo_lightning.models.memory import PUSH_BUFFER_BYTES
+    from ggpo_lightning.rollouts.fleet.gloo_backend import DEFAULT_BUCKET_BYTES, bucket_counts
+
+    assert PUSH_BUFFER_BYTES == DEFAULT_BUCKET_BYTES
+    # consecutive tensors of one dtype up to a bucket; a larger tensor is a bucket of its own; 0: one at a time
+    assert bucket_counts([4, 4, 4, 10, 2], ["f", "f", "f", "f", "f"], 8) == [2, 1, 1, 1]
+    assert bucket_counts([4, 4, 4], ["f", "b", "b"], 100) == [1, 2]
+    assert bucket_counts([4, 4], ["f", "f"], 0) == []

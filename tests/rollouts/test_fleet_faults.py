@@ -111,7 +111,7 @@ def test_a_reply_from_a_server_taken_out_after_the_request_was_sent_is_discarded
 
 def test_a_request_failure_never_shuts_down_a_push_in_progress(servers):
     """A request held on A (paused ``keep``) times out while A's transfer runs: A is taken out, the transfer goes on
-    to its end, the request is answered by B."""
+    to its end, the request is answered by B (with the new weights: the push pauses every server at once)."""
     a, b = servers[:2]
     transfers: list[StandInTransfer] = []
     engine = engine_on([a, b], transfers, request_timeout=1.0)
@@ -124,7 +124,7 @@ def test_a_request_failure_never_shuts_down_a_push_in_progress(servers):
     thread.join(30)
     engine.close()
     assert not any(t.shut_down_while_sending for t in transfers)
-    assert out == [[[1, 1]]]  # answered by B before B's push
+    assert out == [[[2, 2]]]  # answered by B, after the push that paused A and B at once
     assert a.pushed_names == [[], []], "the push to A did not reach its end"
 
 

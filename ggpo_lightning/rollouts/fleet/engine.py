@@ -15,13 +15,17 @@ host or any other, with weights pushed through vLLM's own weight-transfer API.
 - **Versions.** The server labels every response's tokens with the weight versions that sampled them (vLLM's
   weight-version spans): each response carries ``[first, last]`` (:attr:`Generation.versions`). ``first < last``
   when a push landed while it was generated (``model.rollout.in_flight_updates: keep``).
-- **Weights** (:meth:`load_weights`): to every live server, one at a time: ``/pause`` (``keep``: requests in flight
-  stay and go on with the new weights; ``wait``: they finish first, with the old ones), vLLM's trainer-side
-  engine (``WeightTransferTrainerFactory``: start, update while broadcasting, finish; backend ``nccl`` on GPUs, the
-  package's ``ggpo_gloo`` elsewhere), ``/update_weight_version``, ``/resume``. Names are the Hugging Face model's,
-  tensors in the serving dtype. With several trainer ranks every rank takes part in the gathers and rank 0 pushes;
-  then every rank learns from rank 0 which servers hold the push (the others are out on every rank) and which
-  adapter requests name, or the error that ended the push, raised on every rank (:class:`PushOutcome`).
+- **Weights** (:meth:`load_weights`): to every live server at once, each paused only around its own transfer:
+  ``/pause`` (``keep``: requests in flight stay and go on with the new weights; ``wait``: they finish first, with
+  the old ones), vLLM's trainer-side engine (``WeightTransferTrainerFactory``: start, update while broadcasting,
+  finish; backend ``nccl`` on GPUs, the package's ``ggpo_gloo`` elsewhere, in packed buckets), ``/update_weight_version``,
+  ``/resume``. The transfers share one pass over the learner's weights
+  (:class:`~ggpo_lightning.rollouts.fleet.push.StreamedWeights`: each tensor gathered and cast to the serving dtype
+  only as it is sent; :func:`~ggpo_lightning.rollouts.fleet.push.send_together`). Names are the Hugging Face
+  model's. With several trainer ranks rank 0 pushes and the others take part in the pass's gathers (a sharded
+  learner's) without keeping what they gather; then every rank learns from rank 0 which servers hold the push (the
+  others are out on every rank) and which adapter requests name, or the error that ended the push, raised on every
+  rank (:class:`PushOutcome`).
 - **Faults.** A request that fails by its server's fault (no answer within ``request_timeout``, an HTTP error, an abort
   the server made itself, weights never pushed) takes its server out (named once in the log) and is sent to another,
   up to :data:`REQUEST_ATTEMPTS` server faults; then, as for a reply that cannot be read, :class:`RequestFailed`
@@ -70,9 +74,9 @@ from ggpo_lightning.core.distributed import all_gather_objects, world
 from ggpo_lightning.core.rank_agreement import from_rank0
 from ggpo_lightning.rollouts.config import RolloutConfig
 from ggpo_lightning.records.errors import RunAborted
-from ggpo_lightning.rollouts.fleet.push import PushedWeights, transfer_engine
+from ggpo_lightning.rollouts.fleet.push import StreamedWeights, send_together, transfer_engine
 from ggpo_lightning.rollouts.fleet.server_state import FleetServer, ServerState
-from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights, weight_pairs
+from ggpo_lightning.rollouts.protocol import AdapterWeights, Generation, Weights
 from ggpo_lightning.rollouts.vllm.sampling import VLLMSampler
 
 __all__ = ["RequestFailed", "RequestRejected", "ServerAnswered", "ServerCounts", "ServerReset", "ServersUnavailable",
@@ -169,6 +173,11 @@ class VLLMServerEngine(VLLMSampler):
         lora_rank: a LoRA run's adapter rank: publish adapters (:attr:`publishes_adapters`); the servers must take
             runtime adapters of that rank (``ggpo serve --lora-rank``).
         transfer_init: makes vLLM's trainer-side transfer engine for one server (tests may replace it).
+        bucket_bytes: bytes of one packed bucket of a ``ggpo_gloo`` push (0: one tensor at a time; None: the
+            backend's default, 128 MiB).
+        concurrent_push: push every server in one pass (False: one server after the other, each with a pass of its
+            own, a comparison for benchmarks; a sharded learner is always pushed in one pass, its other ranks take
+            part in one).
 
     With several trainer processes (``torch.distributed`` initialised) rank 0 pushes and every rank follows its
     outcome (:meth:`load_weights`).
@@ -176,7 +185,8 @@ class VLLMServerEngine(VLLMSampler):
 
     def __init__(self, urls: Sequence[str], tokenizer, dtype: torch.dtype, *, record_logprobs: bool = True, request_timeout: float = 600.0, server_timeout: float = 300.0,
                  in_flight_updates: str = "keep", fleet: Any = None, lora_rank: int | None = None,
-                 transfer_init: Callable[[str], Any] | None = None) -> None:
+                 transfer_init: Callable[[str], Any] | None = None, bucket_bytes: int | None = None,
+                 concurrent_push: bool = True) -> None:
         import requests
 
         if not urls and fleet is None:
@@ -189,7 +199,8 @@ class VLLMServerEngine(VLLMSampler):
         self.record_logprobs = record_logprobs
         self.request_timeout, self.server_timeout = request_timeout, server_timeout
         self.pause_mode = IN_FLIGHT_PAUSE[in_flight_updates]
-        self.transfer_init = transfer_init or (lambda url: transfer_engine(url, self.request_timeout))
+        self.transfer_init = transfer_init or (lambda url: transfer_engine(url, self.request_timeout, bucket_bytes))
+        self.concurrent_push = concurrent_push
         self.version = 0
         self.sync_before_rollouts = True
         """Samples only with weights this run pushed: the run pushes the learner's before its first rollout."""
@@ -205,6 +216,7 @@ class VLLMServerEngine(VLLMSampler):
         self._publishing = False  # an adapter is being published: a 404 for the current one is no server fault
         self._base_revision: int | None = None  # of the base the servers hold (AdapterWeights.base_revision)
         self.counts = ServerCounts()
+        self._wire_dtype: torch.dtype | None = None  # what the servers serve, asked at the first push
         self._lock = threading.Condition()
         self._http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=REQUEST_THREADS)  # a connection per request thread
@@ -277,8 +289,11 @@ class VLLMServerEngine(VLLMSampler):
         start = time.perf_counter()
         if isinstance(learner, AdapterWeights):
             push = functools.partial(self._publish_adapter, learner, version)
-        else:  # the source on every rank: the gathers of sharded weights are collectives
-            push = functools.partial(self._push_all, self._source(learner), version)
+        else:
+            source = self._source(learner)
+            push = functools.partial(self._push_all, source, version)
+            if world()[0] != 0:  # rank 0's pass gathers a sharded learner: a collective of every rank
+                source.take_part_in_gathers()
         outcome = from_rank0(lambda: self._pushed_by_rank0(push))
         with self._lock:
             self.version = version
@@ -469,8 +484,28 @@ class VLLMServerEngine(VLLMSampler):
 
     # ------------------------------------------------------------------ weights
 
-    def _source(self, weights: Weights) -> PushedWeights:
-        return PushedWeights([(name, tensor.detach().to(self.dtype)) for name, tensor in weight_pairs(weights)])
+    def _source(self, weights: Weights) -> StreamedWeights:
+        """The weights as pushed: in the serving dtype, or in the servers' own when it is narrower (servers that
+        serve bf16 would cast float32 on arrival: the same numbers, twice the bytes on the wire)."""
+        if self._wire_dtype is None:
+            self._wire_dtype = self._servers_dtype()
+        dtype = self.dtype
+        if self._wire_dtype is not None and dtype is not None and self._wire_dtype.itemsize < dtype.itemsize:
+            dtype = self._wire_dtype
+        return StreamedWeights.of(weights, dtype)
+
+    def _servers_dtype(self) -> torch.dtype | None:
+        """The dtype the first server that answers serves (``/server_info``); None when none answers yet (asked
+        again at the next push)."""
+        for server in self.servers:
+            try:
+                reply = self._http.get(server.url + "/server_info", params={"config_format": "json"}, timeout=10)
+                name = str(reply.json()["vllm_config"]["model_config"]["dtype"]).removeprefix("torch.")
+            except Exception:  # noqa: BLE001 - not answering (yet): the probes and the push deal with it
+                continue
+            dtype = getattr(torch, name, None)
+            return dtype if isinstance(dtype, torch.dtype) else None
+        return None
 
     def _publish_adapter(self, weights: AdapterWeights, version: int) -> None:
         """The adapter to every server, loaded under the name ``v{version}``, after the base where a server lacks it:
@@ -480,9 +515,9 @@ class VLLMServerEngine(VLLMSampler):
         request waits for the publish to end). An adapter is unloaded only when no request in flight names it."""
         if self.adapter_dir is None:
             raise RuntimeError("the engine publishes adapters into the run's folder: call start(run_dir) first")
-        base: list[PushedWeights] = []  # materialised once, when a server needs it
+        base: list[StreamedWeights] = []  # made once, when a server needs it
 
-        def base_source() -> PushedWeights:
+        def base_source() -> StreamedWeights:
             if not base:
                 base.append(self._source(weights.base()))
             return base[0]
@@ -498,7 +533,8 @@ class VLLMServerEngine(VLLMSampler):
             self._publishing = True
         published = False
         try:
-            self._to_every_server(lambda server: self._publish(server, base_source, name, folder, version))
+            self._to_every_server(lambda servers: [self._publish(s, base_source, name, folder, version)
+                                                   for s in servers])
             published = True
         finally:
             with self._lock:
@@ -507,7 +543,7 @@ class VLLMServerEngine(VLLMSampler):
                 self._publishing = False
                 self._lock.notify_all()  # requests waiting for the publish to end
 
-    def _publish(self, server: FleetServer, base: Callable[[], PushedWeights], name: str, folder: Path,
+    def _publish(self, server: FleetServer, base: Callable[[], StreamedWeights], name: str, folder: Path,
                  version: int) -> None:
         try:
             if not server.usable:  # new, back, or its base changed: the base first, without the old adapters
@@ -541,20 +577,57 @@ class VLLMServerEngine(VLLMSampler):
                 # 404: the server no longer holds it (it restarted): nothing to unload
             server.adapters.remove(name)
 
-    def _push_all(self, source: PushedWeights, version: int) -> None:
-        """The whole model to every server (a LoRA run's first push: the base the adapters apply to)."""
-        self._to_every_server(lambda server: self._push(server, source, version))
+    def _push_all(self, source: StreamedWeights, version: int) -> None:
+        """``source`` to every server that answers, in one pass (:meth:`_push_together`); while none took it, again
+        to those that answer, unless the source is sharded (the other ranks took part in one pass: the servers that
+        missed it are re-synced at the next push)."""
+        passes = 0
+
+        def push(servers: list[FleetServer]) -> None:
+            nonlocal passes
+            if passes and source.collective:
+                raise self._unavailable()
+            passes += 1
+            if self.concurrent_push or source.collective:
+                self._push_together(servers, source, version)
+            else:
+                for server in servers:
+                    self._push(server, source, version)
+
+        try:
+            self._to_every_server(push)
+        finally:
+            if not passes:  # the other ranks wait in the gathers of a pass
+                source.take_part_in_gathers()
         self._base_revision = 0 if self._base_revision is None else self._base_revision
 
-    def _to_every_server(self, push: Callable[[FleetServer], None]) -> None:
-        """``push`` to every server that answers (each failure takes its server out), until at least one holds the
+    def _push_together(self, servers: list[FleetServer], source: StreamedWeights, version: int) -> None:
+        """Each server's push (:meth:`_push`) in a thread of its own, their transfers joined into one pass once each
+        server is paused (or out)."""
+        if len(servers) == 1:
+            self._push(servers[0], source, version)
+            return
+        together = _Together(len(servers), lambda transfers: send_together(transfers, source, self.request_timeout),
+                             source, self.request_timeout)
+
+        def push(server: FleetServer) -> None:
+            try:
+                self._push(server, source, version, send=lambda s, _: together.send(s, self._transfer(s)))
+            finally:
+                together.leave(server)
+
+        with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="ggpo-push") as pool:
+            list(pool.map(push, servers))
+
+    def _to_every_server(self, push: Callable[[list[FleetServer]], None]) -> None:
+        """``push`` to the servers that answer (each failure takes its server out), until at least one holds the
         weights; probing the others every 2 s up to ``server_timeout``, then :class:`ServersUnavailable`."""
         self._probe()
         deadline = time.monotonic() + self.server_timeout
         while True:
-            for server in self.servers:
-                if server.answering:
-                    push(server)
+            answering = [s for s in self.servers if s.answering]
+            if answering:
+                push(answering)
             if any(s.usable for s in self.servers):
                 return
             if time.monotonic() > deadline:
@@ -562,11 +635,11 @@ class VLLMServerEngine(VLLMSampler):
             time.sleep(2.0)
             self._probe()
 
-    def _push(self, server: FleetServer, source: PushedWeights, version: int, pause_mode: str | None = None,
-              raise_error: bool = False) -> None:
-        """The weights to ``server``: paused, sent, tagged, resumed. A push that fails leaves the server paused and
-        out (its requests aborted, their replies discarded) until a later push to it succeeds: a half-loaded model
-        never samples."""
+    def _push(self, server: FleetServer, source: StreamedWeights, version: int, pause_mode: str | None = None,
+              raise_error: bool = False, send: Callable[[FleetServer, StreamedWeights], None] | None = None) -> None:
+        """``source`` to ``server`` (``send``: its transfer; by default on its own, :meth:`_send`): paused, sent,
+        tagged, resumed. A push that fails leaves the server paused and out (its requests aborted, their replies
+        discarded) until a later push to it succeeds: a half-loaded model never samples."""
         with self._lock:
             stale = server.state is ServerState.BACK  # failed since its last push: its transfer group is gone
             server.begin_push()  # no request goes to it while its weights change
@@ -574,10 +647,7 @@ class VLLMServerEngine(VLLMSampler):
             self._drop_transfer(server)
         try:
             self._post(server, "/pause", None, self.request_timeout, params={"mode": pause_mode or self.pause_mode})
-            if server.transfer is None:
-                server.transfer = self.transfer_init(server.url)
-            server.transfer.source = source  # vLLM's full-resync engines replay their source at each send
-            server.transfer.send_weights()
+            (send or self._send)(server, source)
             self._post(server, "/update_weight_version", {"new_version": str(version)}, self.request_timeout)
         except Exception as error:  # noqa: BLE001 - taken out until it answers and takes a push
             self._fail(server, error)  # first: the replies of its aborted requests are then discarded
@@ -604,10 +674,73 @@ class VLLMServerEngine(VLLMSampler):
         except Exception as error:  # noqa: BLE001 - dead, or dying: its requests fail on their own
             log.debug("vLLM server %s did not abort its requests: %s", server.url, short_error(error))
 
+    def _send(self, server: FleetServer, source: StreamedWeights) -> None:
+        transfer = self._transfer(server)
+        transfer.source = source  # vLLM's full-resync engines replay their source at each send
+        transfer.send_weights()
+
+    def _transfer(self, server: FleetServer) -> Any:
+        """The server's transfer engine, made at its first push (the rendezvous)."""
+        if server.transfer is None:
+            server.transfer = self.transfer_init(server.url)
+        return server.transfer
+
     def _drop_transfer(self, server: FleetServer) -> None:
         transfer, server.transfer = server.transfer, None
         if transfer is not None:
             transfer.shutdown()
+
+
+class _Together:
+    """The transfers of one push to several servers, joined into one pass: each server's thread hands in its
+    transfer engine (:meth:`send`) or drops out (:meth:`leave`, a failed pause); the last to arrive runs the pass
+    (``run``, over the transfers handed in: possibly none, then a sharded source is still passed through for the
+    other ranks' gathers), and each :meth:`send` returns, or raises its own transfer's error."""
+
+    def __init__(self, expected: int, run: Callable[[list[Any]], list[BaseException | None]],
+                 source: StreamedWeights, timeout: float) -> None:
+        self.expected, self.run, self.source, self.timeout = expected, run, source, timeout
+        self.arrived: set[str] = set()
+        self.joined: dict[str, Any] = {}
+        self.errors: dict[str, BaseException | None] | None = None
+        self.started = False  # every server arrived: the pass runs (a transfer failing in it must not be shut down)
+        self.cond = threading.Condition()
+
+    def send(self, server: FleetServer, transfer: Any) -> None:
+        with self.cond:
+            self.joined[server.url] = transfer
+        self._arrive(server)
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.started, self.timeout):
+                raise TimeoutError(f"the push to {server.url} waited {self.timeout:g} s for the other servers")
+            self.cond.wait_for(lambda: self.errors is not None)  # the pass is bounded by its transfers' timeouts
+            error = self.errors[server.url]
+        if error is not None:
+            raise error
+
+    def leave(self, server: FleetServer) -> None:
+        self._arrive(server)
+
+    def _arrive(self, server: FleetServer) -> None:
+        with self.cond:
+            if server.url in self.arrived:
+                return
+            self.arrived.add(server.url)
+            if len(self.arrived) < self.expected:
+                return
+            joined = dict(self.joined)
+            self.started = True
+        errors: dict[str, BaseException | None] = {}
+        try:
+            if joined:
+                errors = dict(zip(joined, self.run(list(joined.values()))))
+            else:
+                self.source.take_part_in_gathers()
+        except BaseException as error:  # noqa: BLE001 - the pass itself failed: every server's push fails with it
+            errors = {url: error for url in joined}
+        with self.cond:
+            self.errors = errors
+            self.cond.notify_all()
 
 
 def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dtype: torch.dtype, *,
@@ -623,7 +756,7 @@ def server_engine(tokenizer, config: RolloutConfig, model_name_or_path: str, dty
                            devices=devices, extra_args=vllm_flags(config.vllm_args), max_lora_rank=lora_rank)
     return VLLMServerEngine([] if fleet else list(config.servers), tokenizer, dtype, record_logprobs=record_logprobs, request_timeout=config.request_timeout,
                             server_timeout=config.server_timeout, in_flight_updates=in_flight_updates, fleet=fleet,
-                            lora_rank=lora_rank)
+                            lora_rank=lora_rank, bucket_bytes=config.push_bucket_mib << 20)
 
 
 def _first_last(spans: list[dict[str, Any]] | None, default: int) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["finish_reload", "start_reload"]
+__all__ = ["finish_reload", "keep_held_weights", "start_reload"]
 
 
 def start_reload(model: torch.nn.Module) -> None:
@@ -45,6 +45,20 @@ def finish_reload(model: torch.nn.Module, model_config: Any) -> None:
     finalize_layerwise_reload(model, model_config)
     for layer in unloaded:  # tied to a layer that did load: re-derive its kernel tensors from the shared weight
         layer.quant_method.process_weights_after_loading(layer)
+
+
+def keep_held_weights(buffer: torch.Tensor) -> None:
+    """Copy out of ``buffer`` the received weights the reload in progress still holds: a layer is processed once all
+    its weights arrived, and keeps references to those that came before (an embedding padded past the vocabulary,
+    an attention layer processed at the end). Run before ``buffer`` is reused for the next ones."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    storage = buffer.untyped_storage().data_ptr()
+    for info in list(LAYERWISE_INFO.values()):
+        for _, arguments in info.loaded_weights:
+            for key, value in arguments.arguments.items():
+                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == storage:
+                    arguments.arguments[key] = value.clone()
 
 
 def _layers_without_weights(model: torch.nn.Module) -> list[torch.nn.Module]:
