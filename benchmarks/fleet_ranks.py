@@ -60,7 +60,7 @@ def train(out: Path, schedule: str, urls: list[str], args: argparse.Namespace) -
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         raise SystemExit(f"{schedule} run failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    run_dir = out / "runs" / "fsdp-cpu-2proc" / name / "version_0"
+    run_dir = out / "runs" / name / "version_0"  # the logger's name is the run's
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r.get("train/train_seconds")]
     wait = "train/rollout_wait_seconds" if schedule == "async" else "train/rollout_seconds"

@@ -212,6 +212,17 @@ def test_vllm_servers_prints_the_generate_and_push_tables(tmp_path):
     assert figures["push"]["tiny"]["bytes"] == 4 * 1_054_848 + 4 * 40 * 128  # fp32; the tied output layer again
 
 
+@pytest.mark.vllm
+def test_fleet_ranks_runs_both_schedules_on_two_processes_and_prints_the_ratio(tmp_path):
+    """``fleet_ranks.py`` at toy size: two trainer processes on two local servers, 4 updates per schedule; a line per
+    schedule with its updates per second and accuracies, then the async / sync ratio."""
+    pytest.importorskip("vllm")
+    stdout = run_script("fleet_ranks.py", "--steps", "4", "--val-size", "8", "--out", str(tmp_path), timeout=900)
+    lines = dict(re.findall(r"^(sync|async) +4 updates in [\d.]+ s: ([\d.]+) updates/s;", stdout, flags=re.M))
+    assert set(lines) == {"sync", "async"} and all(float(x) > 0 for x in lines.values()), stdout
+    assert re.search(r"^async / sync updates per second: [\d.]+ ", stdout, flags=re.M)
+
+
 def test_push_delta_prints_the_share_of_weights_that_change():
     stdout = run_script("push_delta.py", "--models", "tiny", "--lrs", "1e-4")
     (row,) = re.findall(r"^\| tiny \| 0\.0001 \| 1\.1M \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+)% \|", stdout, flags=re.M)

@@ -215,6 +215,20 @@ def test_local_servers_start_with_the_run_and_stop_with_it(quickstart, monkeypat
     assert fleet is not None and len(fleet.servers) == 1 and not fleet.servers[0].alive  # stopped with the run
 
 
+def test_a_killed_local_server_comes_back_and_the_run_finishes(quickstart, monkeypatch):
+    """kill -9 of the run's own local server after update 2: the next push starts it again on its port, re-syncs it
+    once it answers, and the run finishes; the restart and the re-sync are counted."""
+    callback = json.dumps({"class_path": "server_faults.KillServers", "init_args": {"own": [0], "kill_step": 2}})
+    cli = train(quickstart, monkeypatch, "--model.rollout.engine", "vllm_server", "--model.rollout.servers", "local",
+                "--model.rollout.vllm_args", json.dumps({"kv_cache_memory_bytes": 64 << 20}),
+                "--trainer.max_steps", "5", "--data.val_size", "16", "--trainer.val_check_interval", "5",
+                "--trainer.callbacks+", callback)
+    assert summary(cli)["status"] == "completed" and cli.trainer.global_step == 5
+    metrics = rows(cli)
+    assert sum(trained(metrics, "train/server_restarts")) == 1 and sum(trained(metrics, "train/server_resyncs")) == 1
+    assert trained(metrics, "train/servers_alive")[-1] == 1.0
+
+
 def test_a_lora_run_publishes_adapters_to_its_local_server(quickstart, monkeypatch):
     """The LoRA quickstart on a local server: the base is pushed once at the start, then one adapter per update
     (``RUN_DIR/adapters/vN``), and the responses carry the adapter's version."""

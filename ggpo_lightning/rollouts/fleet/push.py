@@ -152,8 +152,12 @@ class SharedPass:
         for item in [*self.source, None]:  # None: the end of the pass
             for i, q in enumerate(self.queues):
                 self._put(i, q, item)
-        for thread in threads:  # each transfer's calls are bounded by its own timeout; it is never cut off mid-send
-            thread.join()
+        # Once the pass ended a transfer has at most three calls left (its last send, the update's reply, finish),
+        # each bounded by the timeout: a slow transfer is never cut off mid-send, a hung one is.
+        for i, thread in enumerate(threads):
+            thread.join(3 * self.timeout)
+            if thread.is_alive():
+                errors[i] = TimeoutError(f"a transfer did not end within {3 * self.timeout:g} s of the pass")
         return errors
 
     def _put(self, i: int, q: queue.Queue, item: Any) -> None:
