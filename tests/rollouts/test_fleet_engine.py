@@ -129,8 +129,9 @@ def test_sampled_responses_carry_the_learners_log_probs_and_one_seed_per_prompt(
                                        atol=FP32_TOLERANCE, rtol=0)
 
 
-def straddled(urls, tok, learner, mode: str) -> list[list[int]]:
-    """The versions of responses generated while a push (version 0 -> 1) lands, under ``in_flight_updates: mode``."""
+def straddled(urls, tok, learner, mode: str, delay: float = 0.1) -> list[list[int]]:
+    """The versions of responses generated while a push (version 0 -> 1) lands, ``delay`` seconds after the first
+    request was sent, under ``in_flight_updates: mode``."""
     engine = engine_for(urls[:1], tok, in_flight_updates=mode)
     engine.load_weights(learner, version=0)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
@@ -138,7 +139,11 @@ def straddled(urls, tok, learner, mode: str) -> list[list[int]]:
     worker = threading.Thread(target=lambda: generations.extend(
         engine.generate(prompts, 8, SamplingConfig(max_new_tokens=48))))
     worker.start()
-    time.sleep(0.3)  # requests in flight
+    deadline = time.monotonic() + 30
+    while not engine.servers[0].outstanding:  # the requests are sent
+        assert time.monotonic() < deadline, "no request was sent within 30 s"
+        time.sleep(0.005)
+    time.sleep(delay)  # ... and being decoded
     engine.load_weights(learner, version=1)
     worker.join()
     engine.close()
@@ -147,10 +152,10 @@ def straddled(urls, tok, learner, mode: str) -> list[list[int]]:
 
 def test_a_push_while_generating_keeps_the_requests_and_tags_their_tokens(fleet, learner, tok):
     """``keep``: requests in flight pause and go on with the new weights, their responses tagged [0, 1]; ``drain``:
-    they finish with the old weights first, no response straddles. (Retried a few times: the push must land while
-    requests run, which a slow machine can miss.)"""
-    for _ in range(5):
-        versions = straddled(fleet.urls, tok, learner, "keep")
+    they finish with the old weights first, no response straddles. (Tried with longer and longer delays after the
+    first request: the push must land while requests are being decoded, which depends on the machine's speed.)"""
+    for delay in (0.02, 0.05, 0.1, 0.2, 0.4):
+        versions = straddled(fleet.urls, tok, learner, "keep", delay)
         if [0, 1] in versions:
             break
     assert [0, 1] in versions and all(v in ([0, 0], [0, 1], [1, 1]) for v in versions), versions
