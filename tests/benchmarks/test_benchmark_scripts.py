@@ -337,3 +337,22 @@ def test_gpu_lease_runs_the_smoke_check_on_cpu_into_a_fresh_work_folder(tmp_path
     assert "== smoke: exit 0" in summary and "median after step 0" in summary
     assert re.match(r"\d\d:\d\d:\d\d gpu_smoke: 2 x cpu", (tmp_path / "out" / "smoke.log").read_text())
     assert len((tmp_path / "out" / "smoke-metrics.csv").read_text().splitlines()) >= 3
+
+
+def test_objective_cost_measures_each_objective_at_its_recipes_settings(tmp_path):
+    """``objective_cost.py`` (issue 57's cost table) at toy size: one row per objective named, each at its recipe's
+    settings (GGPO's anchor on as when stale, OAPL without it), with what it needs from the engine; a name without
+    a recipe is refused before anything is measured."""
+    out = tmp_path / "rows.json"
+    stdout = run_script("objective_cost.py", "--objectives", "ggpo,oapl,grpo-tis", "--hidden", "64", "--layers", "1",
+                        "--response-tokens", "8", "--prompts", "1", "--repeat", "1", "--out", str(out))
+    rows = json.loads(out.read_text())
+    assert [r["objective"] for r in rows] == ["ggpo", "oapl", "grpo-tis"]
+    assert [r["anchor"] for r in rows] == [0.04, 0.0, 0.0]
+    assert [r["behavior_logprobs"] for r in rows] == [False, True, True]
+    assert all(r["seconds"] > 0 and r["update_mb"] >= 0 and r["passes"] == "whole" for r in rows)
+    assert re.search(r"relative to ggpo: oapl x[\d.]+ s", stdout)
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "objective_cost.py"), "--objectives", "ggpo,nope"],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert refused.returncode == 1 and "no recipe recipes/baselines/nope.yaml" in refused.stderr
+    assert refused.stdout == ""
