@@ -58,7 +58,8 @@ def _echo_counts(results: list) -> list[str]:
 @click.option("--settings", default=None, help="Comma-separated column order, e.g. sync1,sync8,sync32,offline.")
 @click.option("--lead-plot", default=None,
               help="Comma-separated settings (e.g. sync1,sync4,sync16,sync64) for lead_vs_staleness.png: GGPO's lead "
-                   "over the best of GRPO and its corrections against their measured mean staleness.")
+                   "over the best of GRPO and its corrections, and over each of OAPL, M2PO, prime_rl and VESPO that "
+                   "ran, against their measured mean staleness.")
 def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str | None, lead_plot: str | None) -> None:
     """Final held-out accuracy (mean ± std over seeds) per objective x setting for RUN_DIRS
     (run directories, or folders holding them), and learning-curve plots.
@@ -67,8 +68,8 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     reported, and the exit code is 1. Unfinished runs (no summary.json) are named and
     left out.
     """
-    from ggpo_lightning.lab.report import (STEP_MEANS, collect_runs, gain_table, lead_table, markdown_table,
-                                           plot_curves, plot_lead, step_mean_table)
+    from ggpo_lightning.lab.report import (STEP_MEANS, collect_runs, family_lead_table, gain_table, lead_table,
+                                           markdown_table, plot_curves, plot_lead, step_mean_table)
 
     runs, errors = collect_runs(list(run_dirs))
     for error in errors:
@@ -87,6 +88,10 @@ def report_command(run_dirs: tuple[Path, ...], out: Path | None, settings: str |
     leading = lead_table(runs, settings_order=order)
     if leading.count("\n") > 2:  # a GGPO and a rival ran in some setting
         sections.append(("GGPO's lead over the best of GRPO and its corrections (over the seeds both ran)", leading))
+    family = family_lead_table(runs, settings_order=order)
+    if family.count("\n") > 2:  # GGPO and an objective of its family ran in some setting
+        sections.append(("GGPO's lead over each objective that also embraces lagged data (over the seeds both ran)",
+                         family))
     text = "".join(f"## {title}\n\n{table}\n" for title, table in sections)
     click.echo(text)
     if out is not None:

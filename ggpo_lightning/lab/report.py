@@ -22,14 +22,17 @@ from ggpo_lightning.records.atomic import atomic_write_bytes
 from ggpo_lightning.records.extras import require
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
-__all__ = ["Lead", "RIVALS", "Run", "STEP_MEANS", "collect_runs", "gain_table", "lead_table", "leads", "markdown_table",
+__all__ = ["FAMILY", "Lead", "RIVALS", "Run", "STEP_MEANS", "collect_runs", "family_lead_table", "gain_table", "lead_table", "leads", "markdown_table",
            "plot_curves", "plot_lead", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
 # recipes/baselines/ggpo-paper.yaml): side by side in every table and plot; GRPO's corrections for stale rollouts
 # (recipes/baselines/grpo-*.yaml) are told apart from plain GRPO by their overlay's name
+FAMILY = ("oapl", "m2po", "prime_rl", "vespo")
+"""The objectives that, like GGPO, learn from lagged data on purpose (docs/METHOD.md#objectives-that-embrace-lagged-data):
+GGPO's lead over each is reported on its own (:func:`family_lead_table`), not folded into the best of :data:`RIVALS`."""
 OBJECTIVE_ORDER = ("ggpo", "ggpo-paper", "ggpo_anchor", "agro", "grpo", "grpo-tis", "grpo-seq-tis", "grpo-seq-mask",
-                   "grpo-icepop", "grpo-opsm", "maxrl")
+                   "grpo-icepop", "grpo-opsm", "maxrl") + FAMILY
 RIVALS = ("grpo", "grpo-tis", "grpo-seq-tis", "grpo-seq-mask", "grpo-icepop", "grpo-opsm")
 """GRPO and its corrections for stale rollouts: the objectives GGPO's lead is measured against (:func:`leads`)."""
 
@@ -213,19 +216,20 @@ class Lead:
     staleness: float | None
     """The mean over the setting's runs of their mean ``train/staleness`` (None where none logged it)."""
     rival: str
-    """The rival (of :data:`RIVALS`) with the highest mean final accuracy in this setting, ranked among the rivals
+    """The rival (of the ones :func:`leads` was given, :data:`RIVALS` by default) with the highest mean final accuracy in this setting, ranked among the rivals
     run on the most of the leader's seeds, over the seeds they share (each one's own where they share none): a
     rival run on fewer seeds (a trimmed cell) is neither ranked above one run on all of them on its favourable
-    seed, nor shrinks the others' ranking to its seeds. Ties go to the first in :data:`RIVALS`."""
+    seed, nor shrinks the others' ranking to its seeds. Ties go to the first in the rivals' order."""
     rival_accuracy: float
     """The rival's mean final accuracy over the seeds both ran (the leader's likewise)."""
     leader_accuracy: float
     differences: list[float]
 
 
-def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None) -> list[Lead]:
-    """``leader``'s lead over the best of :data:`RIVALS` in each setting where both ran a seed, in
-    ``settings_order``."""
+def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None,
+          rivals: tuple[str, ...] = RIVALS) -> list[Lead]:
+    """``leader``'s lead over the best of ``rivals`` in each setting where both ran a seed, in ``settings_order``
+    (one rival: the lead over that objective)."""
     def accuracy(objective: str, setting: str) -> dict[int | None, float]:
         return {r.seed: r.final_accuracy for r in runs
                 if r.objective == objective and r.setting == setting and r.final_accuracy is not None}
@@ -233,23 +237,23 @@ def leads(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | Non
     found = []
     for setting in settings_order or _ordered({r.setting for r in runs}):
         ours = accuracy(leader, setting)
-        rivals = {rival: by_seed for rival in RIVALS if (by_seed := accuracy(rival, setting))}
-        if not ours or not rivals:
+        ran = {rival: by_seed for rival in rivals if (by_seed := accuracy(rival, setting))}
+        if not ours or not ran:
             continue
-        with_ours = {rival: ours.keys() & by_seed.keys() for rival, by_seed in rivals.items()}
+        with_ours = {rival: ours.keys() & by_seed.keys() for rival, by_seed in ran.items()}
         most = max(len(seeds) for seeds in with_ours.values())
         if not most:
             continue
-        ranked = [rival for rival in rivals if len(with_ours[rival]) == most]  # a trimmed rival is not ranked
+        ranked = [rival for rival in ran if len(with_ours[rival]) == most]  # a trimmed rival is not ranked
         shared = set.intersection(*(with_ours[rival] for rival in ranked))
         best = max(ranked, key=lambda rival: statistics.fmean(
-            rivals[rival][seed] for seed in shared or with_ours[rival]))
-        paired = sorted(ours.keys() & rivals[best].keys(), key=str)
+            ran[rival][seed] for seed in shared or with_ours[rival]))
+        paired = sorted(ours.keys() & ran[best].keys(), key=str)
         staleness = [r.step_means["staleness"] for r in runs if r.setting == setting and "staleness" in r.step_means]
         found.append(Lead(setting, statistics.fmean(staleness) if staleness else None, best,
-                          statistics.fmean(rivals[best][seed] for seed in paired),
+                          statistics.fmean(ran[best][seed] for seed in paired),
                           statistics.fmean(ours[seed] for seed in paired),
-                          [ours[seed] - rivals[best][seed] for seed in paired]))
+                          [ours[seed] - ran[best][seed] for seed in paired]))
     return found
 
 
@@ -259,12 +263,23 @@ def lead_table(runs: list[Run], leaders: tuple[str, ...] = ("ggpo", "ggpo-paper"
     sample std over the seeds both ran)."""
     lines = ["| objective | setting | mean staleness | best of GRPO and its corrections | its accuracy (%) "
              "| accuracy (%) | lead (points) |", "|---" * 7 + "|"]
-    for leader in leaders:
-        for lead in leads(runs, leader, settings_order):
-            staleness = "–" if lead.staleness is None else f"{lead.staleness:.2f}"
-            lines.append(f"| {leader} | {lead.setting} | {staleness} | {lead.rival} | {100 * lead.rival_accuracy:.1f} "
-                         f"| {100 * lead.leader_accuracy:.1f} | {_mean_std(lead.differences)} |")
+    lines += [_lead_row(leader, lead) for leader in leaders for lead in leads(runs, leader, settings_order)]
     return "\n".join(lines) + "\n"
+
+
+def family_lead_table(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None) -> str:
+    """``leader``'s paired lead over each objective of :data:`FAMILY` that ran, per setting (empty rows when none
+    did)."""
+    lines = ["| objective | setting | mean staleness | rival | its accuracy (%) | accuracy (%) | lead (points) |",
+             "|---" * 7 + "|"]
+    lines += [_lead_row(leader, lead) for rival in FAMILY for lead in leads(runs, leader, settings_order, (rival,))]
+    return "\n".join(lines) + "\n"
+
+
+def _lead_row(leader: str, lead: Lead) -> str:
+    staleness = "–" if lead.staleness is None else f"{lead.staleness:.2f}"
+    return (f"| {leader} | {lead.setting} | {staleness} | {lead.rival} | {100 * lead.rival_accuracy:.1f} "
+            f"| {100 * lead.leader_accuracy:.1f} | {_mean_std(lead.differences)} |")
 
 
 def _mean_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float]]:
@@ -351,10 +366,11 @@ def _save(fig, target: Path) -> Path:
 
 def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str],
               leaders: tuple[str, ...] = ("ggpo", "ggpo-paper")) -> Path:
-    """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections (points of final
-    held-out accuracy, mean over seeds, a band of ± one sample std of the paired differences) against the settings'
-    measured mean staleness (a symmetric-log axis: on-policy is 0), each point labelled with its setting and the
-    rival it was measured against. ``settings`` are the ones to plot (e.g. the sync_every sweep), in order."""
+    """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections, and GGPO's over each
+    objective of :data:`FAMILY` that ran (points of final held-out accuracy, mean over seeds, a band of ± one sample
+    std of the paired differences), against the settings' measured mean staleness (a symmetric-log axis: on-policy is
+    0); each point of a lead over the best correction is labelled with its setting and that rival. ``settings`` are
+    the ones to plot (e.g. the sync_every sweep), in order."""
     require("matplotlib", "plots")
     import matplotlib
 
@@ -362,8 +378,10 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for leader in leaders:
-        points = [lead for lead in leads(runs, leader, settings) if lead.staleness is not None and lead.differences]
+    lines = [(leader, "best correction", leads(runs, leader, settings)) for leader in leaders]
+    lines += [("ggpo", rival, leads(runs, "ggpo", settings, (rival,))) for rival in FAMILY]
+    for leader, against, found in lines:
+        points = [lead for lead in found if lead.staleness is not None and lead.differences]
         if not points:
             continue
         xs = [lead.staleness for lead in points]
@@ -371,18 +389,21 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
         spread = [100 * statistics.stdev(lead.differences) if len(lead.differences) > 1 else 0.0 for lead in points]
         counts = sorted({len(p.differences) for p in points})  # seeds per point: the label gives their range
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        line, = ax.plot(xs, means, marker="o", label=f"{leader} (n={seeds} seeds per point)")
+        family = against in FAMILY
+        line, = ax.plot(xs, means, marker="s" if family else "o", linestyle="--" if family else "-",
+                        label=f"{leader} vs {against} (n={seeds} seeds per point)")
         ax.fill_between(xs, [m - s for m, s in zip(means, spread)], [m + s for m, s in zip(means, spread)],
-                        color=line.get_color(), alpha=0.15, linewidth=0)
+                        color=line.get_color(), alpha=0.12, linewidth=0)
         for lead, x, y in zip(points, xs, means):
-            ax.annotate(f"{lead.setting} vs {lead.rival}", (x, y), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
+            if not family:  # the family's rival is in its label; the best correction changes with the setting
+                ax.annotate(f"{lead.setting} vs {lead.rival}", (x, y), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=1.0)
-    ax.set(xlabel="measured mean staleness (optimizer steps)",
-           ylabel="lead over the best correction (points)", title="GGPO minus the best of GRPO and its corrections")
+    ax.set(xlabel="measured mean staleness (optimizer steps)", ylabel="lead (points of held-out accuracy)",
+           title="GGPO minus the best correction, and minus each lagged-data objective")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     return _save(fig, directory / "lead_vs_staleness.png")

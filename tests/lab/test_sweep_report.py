@@ -327,6 +327,46 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
     assert (out / "lead_vs_staleness.png").stat().st_size > 0 and "lead_vs_staleness" in (out / "report.md").read_text()
 
 
+def test_ggpos_lead_over_each_lagged_data_objective_is_its_own_row_and_line(tmp_path):
+    """OAPL, M2PO, prime-rl's loss and VESPO are not folded into the best of GRPO and its corrections: GGPO's lead
+    over each is paired by seed in a table of its own and drawn as a line of its own; a run made by hand with a
+    family overlay is reported under the overlay's name."""
+    from ggpo_lightning.lab.report import family_lead_table, leads
+
+    accuracies = {("sync1", "ggpo"): [0.90, 0.94], ("sync1", "oapl"): [0.80, 0.90], ("sync1", "grpo-tis"): [0.9, 0.9],
+                  ("sync64", "ggpo"): [0.60, 0.62], ("sync64", "oapl"): [0.70, 0.74], ("sync64", "m2po"): [0.50],
+                  ("sync64", "grpo-tis"): [0.61, 0.61]}
+    for (setting, objective), values in accuracies.items():
+        for seed, accuracy in enumerate(values):
+            run = tmp_path / f"{setting}-{objective}-seed{seed}"
+            run.mkdir()
+            (run / "metrics.csv").write_text(f"step,train/staleness\n0,{30.0 if setting == 'sync64' else 0.0}\n")
+            (run / "grid_run.json").write_text(json.dumps({"objective": objective, "setting": setting, "seed": seed}))
+            (run / "summary.json").write_text(json.dumps({"objective": objective, "accuracy_after": accuracy}))
+    by_hand = tmp_path / "by-hand"
+    by_hand.mkdir()
+    (by_hand / "metrics.csv").write_text("step\n0\n")
+    (by_hand / "summary.json").write_text(json.dumps({"objective": "oapl", "recipe": "reasoning-cpu+oapl",
+                                                      "accuracy_after": 0.5}))
+    runs, errors = collect_runs([tmp_path])
+    assert not errors and {r.objective for r in runs if r.path == by_hand} == {"oapl"}
+    runs = [r for r in runs if r.path != by_hand]
+    assert [lead.rival for lead in leads(runs, "ggpo", ["sync1", "sync64"])] == ["grpo-tis", "grpo-tis"]
+    sync1, sync64 = leads(runs, "ggpo", ["sync1", "sync64"], ("oapl",))
+    assert sync1.differences == pytest.approx([0.10, 0.04]) and sync64.differences == pytest.approx([-0.10, -0.12])
+    table = family_lead_table(runs, settings_order=["sync1", "sync64"])
+    assert "| ggpo | sync64 | 30.00 | oapl | 72.0 | 61.0 | -11.0 ± 1.4 (n=2) |" in table
+    assert "| ggpo | sync64 | 30.00 | m2po | 50.0 | 60.0 | 10.0 ± 0.0 (n=1) |" in table
+    assert "vespo" not in table
+    out = tmp_path / "report"
+    report = CliRunner().invoke(main, ["report", *(str(r.path) for r in runs), "--out", str(out),
+                                       "--settings", "sync1,sync64", "--lead-plot", "sync1,sync64"])
+    assert report.exit_code == 0, report.output
+    assert "## GGPO's lead over each objective that also embraces lagged data" in report.output
+    assert "| ggpo | sync1 | 0.00 | oapl | 85.0 | 92.0 | 7.0 ± 4.2 (n=2) |" in report.output
+    assert (out / "lead_vs_staleness.png").stat().st_size > 0
+
+
 def test_a_signal_to_the_sweep_ends_the_run_in_progress_and_starts_no_other(tmp_path, tiny_model_dir):
     """SIGTERM to ``ggpo sweep`` reaches the run in progress, which ends its step and says ``interrupted``; the sweep
     waits for it, starts no further run and exits 128 + 15, so no run outlives it to race a restarted sweep."""
