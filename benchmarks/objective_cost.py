@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+from step_memory import learner_and_reference, rss_mb  # the same model and measure as the step benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVES = "ggpo,grpo,grpo-tis,grpo-icepop,oapl,m2po,prime_rl,vespo"
@@ -44,14 +45,9 @@ def objective_settings(name: str) -> dict:
     return yaml.safe_load(overlay.read_text())["model"]["objective"]
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
 def worker(args: argparse.Namespace) -> dict:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from ggpo_lightning.core.batch import batch_token_logprobs, pack_step
     from ggpo_lightning.core.microbatch import StepPasses
@@ -63,13 +59,7 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     settings = ObjectiveConfig(**objective_settings(args.worker))
     objective = get_objective(settings.name)
-    config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                         num_key_value_heads=max(1, args.hidden // 128), head_dim=64,
-                         max_position_embeddings=args.response_tokens + 64, tie_word_embeddings=True)
-    learner = Qwen3ForCausalLM(config).train()
-    reference = Qwen3ForCausalLM(config).eval().requires_grad_(False)
-    reference.load_state_dict(learner.state_dict())
+    config, learner, reference = learner_and_reference(args)
     behavior = Qwen3ForCausalLM(config).eval().requires_grad_(False)
     with torch.no_grad():
         for mine, theirs in zip(behavior.parameters(), learner.parameters()):

@@ -35,9 +35,23 @@ def rss_mb() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
+def learner_and_reference(args: argparse.Namespace):
+    """A randomly initialised Qwen3-architecture learner of ``args``' shape (``vocab``, ``hidden``, ``layers``; room for
+    ``response_tokens`` after a prompt), in train mode, and its frozen reference copy; with the configuration."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64 or 1,
+                         num_key_value_heads=max(1, args.hidden // 128), head_dim=64,
+                         max_position_embeddings=args.response_tokens + 64, tie_word_embeddings=True)
+    learner = Qwen3ForCausalLM(config).train()
+    reference = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+    reference.load_state_dict(learner.state_dict())
+    return config, learner, reference
+
+
 def worker(args: argparse.Namespace) -> dict:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from dataclasses import replace
 
@@ -51,13 +65,7 @@ def worker(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     prompts = args.prompts[0]
-    config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64 or 1,
-                         num_key_value_heads=max(1, args.hidden // 128), head_dim=64,
-                         max_position_embeddings=args.response_tokens + 64, tie_word_embeddings=True)
-    learner = Qwen3ForCausalLM(config).train()
-    reference = Qwen3ForCausalLM(config).eval().requires_grad_(False)
-    reference.load_state_dict(learner.state_dict())
+    config, learner, reference = learner_and_reference(args)
     groups = [make_group(torch.randint(4, args.vocab, (32,)).tolist(),
                          [torch.randint(4, args.vocab, (args.response_tokens,)).tolist() for _ in range(args.k)],
                          [float(i % 2) for i in range(args.k)], prompt_id=f"p{g}") for g in range(prompts)]
