@@ -22,7 +22,7 @@ from ggpo_lightning.records.atomic import atomic_write_bytes
 from ggpo_lightning.records.extras import require
 from ggpo_lightning.lab.sweep import RUN_LABELS
 
-__all__ = ["FAMILY", "Lead", "RIVALS", "Run", "STEP_MEANS", "collect_runs", "family_lead_table", "gain_table", "lead_table", "leads", "markdown_table",
+__all__ = ["FAMILY", "Lead", "RIVALS", "Run", "STEP_MEANS", "collect_runs", "family_lead_table", "family_ran", "gain_table", "lead_table", "leads", "markdown_table",
            "plot_curves", "plot_lead", "step_mean_table"]
 
 # "ggpo" is the shipped GGPO (behavior anchor lambda = beta when stale), "ggpo-paper" the paper's (anchor off,
@@ -267,12 +267,21 @@ def lead_table(runs: list[Run], leaders: tuple[str, ...] = ("ggpo", "ggpo-paper"
     return "\n".join(lines) + "\n"
 
 
+def family_ran(runs: list[Run]) -> list[str]:
+    """The objectives of :data:`FAMILY` that ran, each followed by its variants that ran (a grid label
+    ``<objective>-<variant>``, e.g. ``oapl-beta0.04``: the same objective at other settings), in :data:`FAMILY`'s
+    order."""
+    ran = sorted({r.objective for r in runs if r.objective})
+    return [label for name in FAMILY for label in ran if label == name or label.startswith(f"{name}-")]
+
+
 def family_lead_table(runs: list[Run], leader: str = "ggpo", settings_order: list[str] | None = None) -> str:
-    """``leader``'s paired lead over each objective of :data:`FAMILY` that ran, per setting (empty rows when none
-    did)."""
+    """``leader``'s paired lead over each objective of :data:`FAMILY` and each variant of one that ran
+    (:func:`family_ran`), per setting (empty rows when none did)."""
     lines = ["| objective | setting | mean staleness | rival | its accuracy (%) | accuracy (%) | lead (points) |",
              "|---" * 7 + "|"]
-    lines += [_lead_row(leader, lead) for rival in FAMILY for lead in leads(runs, leader, settings_order, (rival,))]
+    lines += [_lead_row(leader, lead) for rival in family_ran(runs)
+              for lead in leads(runs, leader, settings_order, (rival,))]
     return "\n".join(lines) + "\n"
 
 
@@ -367,9 +376,9 @@ def _save(fig, target: Path) -> Path:
 def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str],
               leaders: tuple[str, ...] = ("ggpo", "ggpo-paper")) -> Path:
     """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections, and GGPO's over each
-    objective of :data:`FAMILY` that ran (points of final held-out accuracy, mean over seeds, a band of ± one sample
-    std of the paired differences), against the settings' measured mean staleness (a symmetric-log axis: on-policy is
-    0); each point of a lead over the best correction is labelled with its setting and that rival. ``settings`` are
+    objective of :data:`FAMILY` and each variant of one that ran (:func:`family_ran`) (points of final held-out
+    accuracy, mean over seeds, a band of ± one sample std of the paired differences), against the settings' measured
+    mean staleness (a symmetric-log axis: on-policy is 0); each point of a lead over the best correction is labelled with its setting and that rival. ``settings`` are
     the ones to plot (e.g. the sync_every sweep), in order."""
     require("matplotlib", "plots")
     import matplotlib
@@ -379,7 +388,8 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     lines = [(leader, "best correction", leads(runs, leader, settings)) for leader in leaders]
-    lines += [("ggpo", rival, leads(runs, "ggpo", settings, (rival,))) for rival in FAMILY]
+    family = family_ran(runs)
+    lines += [("ggpo", rival, leads(runs, "ggpo", settings, (rival,))) for rival in family]
     for leader, against, found in lines:
         points = [lead for lead in found if lead.staleness is not None and lead.differences]
         if not points:
@@ -389,13 +399,13 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
         spread = [100 * statistics.stdev(lead.differences) if len(lead.differences) > 1 else 0.0 for lead in points]
         counts = sorted({len(p.differences) for p in points})  # seeds per point: the label gives their range
         seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        family = against in FAMILY
-        line, = ax.plot(xs, means, marker="s" if family else "o", linestyle="--" if family else "-",
+        of_family = against in family
+        line, = ax.plot(xs, means, marker="s" if of_family else "o", linestyle="--" if of_family else "-",
                         label=f"{leader} vs {against} (n={seeds} seeds per point)")
         ax.fill_between(xs, [m - s for m, s in zip(means, spread)], [m + s for m, s in zip(means, spread)],
                         color=line.get_color(), alpha=0.12, linewidth=0)
         for lead, x, y in zip(points, xs, means):
-            if not family:  # the family's rival is in its label; the best correction changes with the setting
+            if not of_family:  # the family's rival is in its label; the best correction changes with the setting
                 ax.annotate(f"{lead.setting} vs {lead.rival}", (x, y), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
     ax.axhline(0.0, color="grey", linewidth=0.8)

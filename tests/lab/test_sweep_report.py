@@ -330,12 +330,13 @@ def test_ggpos_lead_is_paired_by_seed_against_the_best_rival_of_each_setting(tmp
 def test_ggpos_lead_over_each_lagged_data_objective_is_its_own_row_and_line(tmp_path):
     """OAPL, M2PO, prime-rl's loss and VESPO are not folded into the best of GRPO and its corrections: GGPO's lead
     over each is paired by seed in a table of its own and drawn as a line of its own; a run made by hand with a
-    family overlay is reported under the overlay's name."""
+    family overlay is reported under the overlay's name; a variant of a family objective (a grid label
+    ``oapl-beta0.04``) gets a row of its own after it."""
     from ggpo_lightning.lab.report import family_lead_table, leads
 
     accuracies = {("sync1", "ggpo"): [0.90, 0.94], ("sync1", "oapl"): [0.80, 0.90], ("sync1", "grpo-tis"): [0.9, 0.9],
                   ("sync64", "ggpo"): [0.60, 0.62], ("sync64", "oapl"): [0.70, 0.74], ("sync64", "m2po"): [0.50],
-                  ("sync64", "grpo-tis"): [0.61, 0.61]}
+                  ("sync64", "grpo-tis"): [0.61, 0.61], ("sync64", "oapl-beta0.04"): [0.65, 0.70]}
     for (setting, objective), values in accuracies.items():
         for seed, accuracy in enumerate(values):
             run = tmp_path / f"{setting}-{objective}-seed{seed}"
@@ -358,6 +359,8 @@ def test_ggpos_lead_over_each_lagged_data_objective_is_its_own_row_and_line(tmp_
     assert "| ggpo | sync64 | 30.00 | oapl | 72.0 | 61.0 | -11.0 ± 1.4 (n=2) |" in table
     assert "| ggpo | sync64 | 30.00 | m2po | 50.0 | 60.0 | 10.0 ± 0.0 (n=1) |" in table
     assert "vespo" not in table
+    variant = "| ggpo | sync64 | 30.00 | oapl-beta0.04 | 67.5 | 61.0 | -6.5 ± 2.1 (n=2) |"
+    assert variant in table and table.index("| oapl |") < table.index(variant) < table.index("| m2po |")
     out = tmp_path / "report"
     report = CliRunner().invoke(main, ["report", *(str(r.path) for r in runs), "--out", str(out),
                                        "--settings", "sync1,sync64", "--lead-plot", "sync1,sync64"])
