@@ -378,8 +378,8 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
     """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections, and GGPO's over each
     objective of :data:`FAMILY` and each variant of one that ran (:func:`family_ran`) (points of final held-out
     accuracy, mean over seeds, a band of ± one sample std of the paired differences), against the settings' measured
-    mean staleness (a symmetric-log axis: on-policy is 0); each point of a lead over the best correction is labelled with its setting and that rival. ``settings`` are
-    the ones to plot (e.g. the sync_every sweep), in order."""
+    mean staleness (a symmetric-log axis: on-policy is 0); each point of a lead over the best correction is labelled
+    with its setting and that rival. ``settings`` are the ones to plot (e.g. the sync_every sweep), in order."""
     require("matplotlib", "plots")
     import matplotlib
 
