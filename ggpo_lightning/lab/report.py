@@ -367,7 +367,7 @@ def _save(fig, target: Path) -> Path:
 
     fig.tight_layout()
     png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")  # "tight": a legend beside the axes is kept
     plt.close(fig)
     atomic_write_bytes(target, png.getvalue())
     return target
@@ -378,15 +378,17 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
     """``lead_vs_staleness.png``: each leader's lead over the best of GRPO and its corrections, and GGPO's over each
     objective of :data:`FAMILY` and each variant of one that ran (:func:`family_ran`) (points of final held-out
     accuracy, mean over seeds, a band of ± one sample std of the paired differences), against the settings' measured
-    mean staleness (a symmetric-log axis: on-policy is 0); each point of a lead over the best correction is labelled
-    with its setting and that rival. ``settings`` are the ones to plot (e.g. the sync_every sweep), in order."""
+    mean staleness (a symmetric-log axis: on-policy is 0); the lead's axis is linear within ±10 points and logarithmic
+    beyond, so a collapsed rival's lead (+50 points and more) does not flatten the others' onto zero. Each point of a
+    lead over the best correction is labelled with its setting and that rival. ``settings`` are the ones to plot
+    (e.g. the sync_every sweep), in order."""
     require("matplotlib", "plots")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(8.4, 4.0))
     lines = [(leader, "best correction", leads(runs, leader, settings)) for leader in leaders]
     family = family_ran(runs)
     lines += [("ggpo", rival, leads(runs, "ggpo", settings, (rival,))) for rival in family]
@@ -410,10 +412,13 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
                             textcoords="offset points")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("symlog", linthresh=10.0)
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([-100, -50, -20, -10, -5, 0, 5, 10, 20, 50, 100]))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:+g}" if y else "0"))
     ax.set(xlabel="measured mean staleness (optimizer steps)", ylabel="lead (points of held-out accuracy)",
            title="GGPO minus the best correction, and minus each lagged-data objective")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     return _save(fig, directory / "lead_vs_staleness.png")
