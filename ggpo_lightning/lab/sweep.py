@@ -285,9 +285,13 @@ def _run_grid(grid: Grid, dry_run: bool, echo, shard: tuple[int, int],
         with open(run_dir / "train.log", "w", encoding="utf-8") as log:
             code = forwarder.run(argv, log)
         if forwarder.received is not None:
-            echo(f"{prefix}: stopped by {signal.Signals(forwarder.received).name} (exit code {code}); "
-                 f"run the sweep again to start it over")
-            results.append((run, "interrupted"))
+            signame = signal.Signals(forwarder.received).name
+            if code == 0 and _ended(run_dir)[0] == "completed":  # the signal landed as the finished run exited
+                echo(f"{prefix}: completed as {signame} arrived; a later sweep skips it")
+                results.append((run, "ran"))
+            else:
+                echo(f"{prefix}: stopped by {signame} (exit code {code}); run the sweep again to start it over")
+                results.append((run, "interrupted"))
             raise SweepStopped(forwarder.received, results)
         if code != 0:
             echo(f"{prefix}: FAILED with exit code {code}; see {run_dir / 'train.log'}")

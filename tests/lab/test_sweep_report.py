@@ -370,6 +370,29 @@ def test_ggpos_lead_over_each_lagged_data_objective_is_its_own_row_and_line(tmp_
     assert (out / "lead_vs_staleness.png").stat().st_size > 0
 
 
+def test_a_run_that_completes_as_the_signal_arrives_is_reported_completed_not_interrupted(tmp_path, tiny_model_dir):
+    """The signal can land while a finished run is exiting: its summary says completed and a later sweep skips it,
+    so the sweep says so (and counts it ran) instead of calling it stopped; the next run is still not started."""
+    from ggpo_lightning.lab import sweep
+
+    grid = load_grid(write_grid(tmp_path, tiny_model_dir))
+
+    class FinishesAsSignalled:
+        received = None
+
+        def run(self, argv, log):
+            (grid.out / grid.runs[0].name / "summary.json").write_text(json.dumps({"status": "completed"}))
+            self.received = signal.SIGTERM
+            return 0
+
+    lines = []
+    with pytest.raises(sweep.SweepStopped) as stopped:
+        sweep._run_grid(grid, False, lines.append, (0, 1), FinishesAsSignalled())
+    assert [status for _, status in stopped.value.results] == ["ran"]
+    assert lines[-1] == f"[1/2] {grid.runs[0].name}: completed as SIGTERM arrived; a later sweep skips it"
+    assert not (grid.out / grid.runs[1].name).exists()
+
+
 def test_a_signal_to_the_sweep_ends_the_run_in_progress_and_starts_no_other(tmp_path, tiny_model_dir):
     """SIGTERM to ``ggpo sweep`` reaches the run in progress, which ends its step and says ``interrupted``; the sweep
     waits for it, starts no further run and exits 128 + 15, so no run outlives it to race a restarted sweep."""
