@@ -20,6 +20,20 @@ axis, and the runs matching all of them are not part of the grid::
     exclude:
       - {objective: grpo-opsm, seed: [1, 2]}   # identical to grpo on seed 0: one seed is enough
 
+A grid that varies another one names it under ``include`` (relative to the grid file) and states only what
+differs. The included grid's ``base``, ``out`` and ``seeds`` hold unless this file gives its own; its ``overrides``
+hold, this file's replacing them key by key; its ``axes`` hold, each axis this file gives replacing the included
+grid's axis of that name (in its place, so run names keep their order). In this file's axes a value given without
+overrides (``oapl:``), or an axis given as a list of names, is the included grid's value of that name. Its
+``exclude`` does not carry over (the cells differ)::
+
+    include: family-grid.yaml                  # base, out, seeds, overrides and the objectives' settings
+    overrides: {trainer.max_steps: 300}
+    axes:
+      setting:
+        offline300: {data.mode: offline}
+      objective: [oapl, m2po, vespo]           # as family-grid.yaml defines them
+
 A string value may hold ``{seed}``, replaced by the run's seed: e.g. a tiny model and warm-up of its own per
 seed (``model.model_name_or_path: runs/grid/tiny-model-seed{seed}``, ``tiny_model.seed: "{seed}"``).
 
@@ -87,40 +101,86 @@ def _fail(path: Path, message: str) -> None:
     raise ValueError(f"{path}: {message}")
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Read and check a grid file; errors name the file and the field."""
-    path = Path(path)
+_FIELDS = ("include", "base", "out", "seeds", "axes", "overrides", "exclude")
+
+
+def _read_spec(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
+    """The grid file's fields, each checked, ``base`` resolved, with the grid it includes filled in (the module's
+    docstring says how); ``including`` is the chain of files that led here (an include cycle is an error)."""
     if not path.is_file():
+        if including:
+            _fail(including[-1], f"include: grid file {path} does not exist")
         raise FileNotFoundError(f"grid file {path} does not exist")
     spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(spec, dict):
         _fail(path, "expected a mapping with base, out, seeds and axes")
-    unknown = set(spec) - {"base", "out", "seeds", "axes", "overrides", "exclude"}
+    unknown = set(spec) - set(_FIELDS)
     if unknown:
-        _fail(path, f"unknown field(s) {sorted(unknown)}; allowed: base, out, seeds, axes, overrides, exclude")
-    for field in ("base", "out", "axes"):
-        if field not in spec:
-            _fail(path, f"missing field {field!r}")
-    base = (path.parent / spec["base"]).resolve()
-    if not base.is_file():
-        _fail(path, f"base recipe {spec['base']!r} not found (looked at {base})")
+        _fail(path, f"unknown field(s) {sorted(unknown)}; allowed: {', '.join(_FIELDS)}")
+    if "base" in spec:
+        base = (path.parent / str(spec["base"])).resolve()
+        if not base.is_file():
+            _fail(path, f"base recipe {spec['base']!r} not found (looked at {base})")
+        spec["base"] = base
     seeds = spec.get("seeds", [0])
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
         _fail(path, f"seeds must be a non-empty list of integers, got {seeds!r}")
-    common = spec.get("overrides") or {}
-    if not isinstance(common, dict):
-        _fail(path, f"overrides must map dotted keys to values, got {common!r}")
-    axes = spec["axes"]
+    if not isinstance(spec.get("overrides") or {}, dict):
+        _fail(path, f"overrides must map dotted keys to values, got {spec['overrides']!r}")
+    included, include = None, spec.pop("include", None)
+    if include is not None:
+        target = (path.parent / str(include)).resolve()
+        if target in (*including, path.resolve()):
+            _fail(path, f"include: {target} includes this file again (a cycle)")
+        included = _read_spec(target, (*including, path.resolve()))
+    if "axes" in spec:
+        spec["axes"] = _axes(path, spec["axes"], included)
+    if included is None:
+        return spec
+    merged = {key: value for key, value in included.items() if key != "exclude"}
+    merged.update({key: value for key, value in spec.items() if key not in ("overrides", "axes")})
+    merged["overrides"] = {**(included.get("overrides") or {}), **(spec.get("overrides") or {})}
+    merged["axes"] = {**included.get("axes", {}), **spec.get("axes", {})}  # a replaced axis keeps its place
+    return merged
+
+
+def _axes(path: Path, axes: Any, included: dict[str, Any] | None) -> dict[str, dict[str, dict]]:
+    """``axes`` checked, each value given by name only (``name:`` or a list of names) taken from ``included``."""
     if not (isinstance(axes, dict) and axes):
         _fail(path, "axes must map axis names to {value name: {dotted key: value}}")
     if "seed" in axes:
         _fail(path, "axes.seed: 'seed' is the seeds' label; give the seeds as seeds: [...]")
+    checked = {}
     for axis, values in axes.items():
+        if isinstance(values, list) and included is not None:
+            values = dict.fromkeys(values)
         if not (isinstance(values, dict) and values):
             _fail(path, f"axes.{axis} must map value names to override mappings")
+        checked[axis] = {}
         for value, overrides in values.items():
+            if overrides is None and included is not None:
+                known = included.get("axes", {}).get(axis, {})
+                if value not in known:
+                    _fail(path, f"axes.{axis}.{value}: the included grid has no such value; "
+                                f"its axes.{axis}: {', '.join(known) or 'none'}")
+                overrides = known[value]
             if not isinstance(overrides, dict):
                 _fail(path, f"axes.{axis}.{value} must map dotted keys to values, got {overrides!r}")
+            checked[axis][value] = overrides
+    return checked
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check a grid file (and the grid it includes); errors name the file and the field."""
+    path = Path(path)
+    spec = _read_spec(path, ())
+    for field in ("base", "out", "axes"):
+        if field not in spec:
+            _fail(path, f"missing field {field!r}")
+    base = spec["base"]
+    seeds = spec.get("seeds", [0])
+    common = spec.get("overrides") or {}
+    axes = spec["axes"]
     excluded = _excluded(path, spec.get("exclude") or [], {**{axis: list(values) for axis, values in axes.items()},
                                                             "seed": seeds})
     runs = []

@@ -74,6 +74,48 @@ def test_excluded_cells_are_not_part_of_the_grid(tmp_path, tiny_model_dir):
     assert grid.runs[4].labels == {"objective": "ggpo", "setting": "sync64", "seed": 1}
 
 
+def test_an_included_grid_gives_what_the_including_one_leaves_out(tmp_path, tiny_model_dir):
+    """``include``: the included grid's base, out, seeds and overrides hold (this file's overrides win key by key);
+    an axis this file gives replaces that axis in its place, and a value named without overrides (``name:`` or a
+    list of names) is the included grid's; the included ``exclude`` does not carry over."""
+    parent = write_grid(tmp_path, tiny_model_dir, seeds=[0, 1],
+                        axes={"setting": {"sync2": {"model.rollout.sync_every": 2}},
+                              "objective": {"ggpo": {"model.objective.name": "ggpo"},
+                                            "grpo": {"model.objective.name": "grpo", "model.objective.beta": 0.0}}},
+                        exclude=[{"objective": "grpo", "seed": 1}])
+    (tmp_path / "sub").mkdir()
+    child = tmp_path / "sub" / "long.yaml"
+    child.write_text(yaml.safe_dump({
+        "include": "../grid.yaml", "overrides": {"trainer.max_steps": 9},
+        "axes": {"setting": {"sync4": {"model.rollout.sync_every": 4}},
+                 "objective": {"grpo": None, "grpo-kl": {"model.objective.name": "grpo"}}}}, sort_keys=False))
+    grid, included = load_grid(child), load_grid(parent)
+    assert (grid.base, grid.out) == (included.base, included.out)
+    # the included grid's axis order (write_grid's file lists objective first), whatever order this file gives
+    assert [r.name for r in grid.runs] == ["grpo-sync4-seed0", "grpo-sync4-seed1", "grpo-kl-sync4-seed0",
+                                           "grpo-kl-sync4-seed1"]
+    assert grid.runs[1].overrides == {**included.runs[-1].overrides, "trainer.max_steps": 9,
+                                      "model.rollout.sync_every": 4}
+    child.write_text(yaml.safe_dump({"include": "../grid.yaml", "axes": {"objective": ["grpo"]}}))
+    assert [r.name for r in load_grid(child).runs] == ["grpo-sync2-seed0", "grpo-sync2-seed1"]
+
+
+@pytest.mark.parametrize("child,message", [
+    ({"include": "../grid.yaml", "axes": {"objective": ["gpro"]}},
+     "axes.objective.gpro: the included grid has no such value; its axes.objective: ggpo, grpo"),
+    ({"include": "../none.yaml"}, "include: grid file"),
+    ({"include": "long.yaml"}, "includes this file again (a cycle)"),
+    ({"axes": {"objective": {"ggpo": None}}, "base": "../grid.yaml", "out": "x"}, "axes.objective.ggpo must map"),
+])
+def test_bad_includes_name_the_including_file(tmp_path, tiny_model_dir, child, message):
+    write_grid(tmp_path, tiny_model_dir)
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "long.yaml"
+    path.write_text(yaml.safe_dump(child))
+    result = CliRunner().invoke(main, ["sweep", "--dry-run", str(path)])
+    assert result.exit_code != 0 and message in result.output and str(path) in result.output, result.output
+
+
 def test_shards_split_a_grid_into_disjoint_runs(tmp_path, tiny_model_dir):
     grid_file = write_grid(tmp_path, tiny_model_dir, seeds=[0, 1, 2])
     planned = [CliRunner().invoke(main, ["sweep", str(grid_file), "--dry-run", "--shard", f"{i}/2"]) for i in (1, 2)]
