@@ -412,6 +412,7 @@ def plot_lead(runs: list[Run], directory: str | os.PathLike, settings: list[str]
                             textcoords="offset points")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0.0)  # staleness is never negative; without a bound the symlog axis mirrors itself
     ax.set_yscale("symlog", linthresh=10.0)
     ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([-100, -50, -20, -10, -5, 0, 5, 10, 20, 50, 100]))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:+g}" if y else "0"))
